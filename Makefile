@@ -1,0 +1,54 @@
+# segstore: `make demo` and `make test` are the whole quick start. Each sets up .venv itself.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.segstore-installed
+DEBUG_DIR := build/debug
+CORE_SRC := segstore/_core.pyx segstore/_core.pxd setup.py pyproject.toml
+
+.PHONY: install demo test test-fast test-debug debug-build bench bench-full clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Build tools first, so the editable build can skip build isolation and rebuilds stay fast.
+$(STAMP): $(PY) $(CORE_SRC)
+	$(PIP) install -q "setuptools>=74" "Cython>=3.0" wheel
+	$(PIP) install -q --no-build-isolation -e ".[test,spark,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) examples/quickstart.py
+
+# The whole suite on the optimized build, then the byte-level suites again on the debug build
+# (bounds and wraparound checks on), so an out-of-bounds read fails loudly.
+test: install debug-build
+	$(PY) -m pytest -q -p no:cacheprovider
+	PYTHONPATH=$(DEBUG_DIR) SEGSTORE_EXPECT_DEBUG=1 $(PY) -m pytest -q -p no:cacheprovider -m "not spark" tests/test_codec_debug_build.py tests/test_core_codec.py tests/test_damage.py
+
+test-fast: install
+	$(PY) -m pytest -q -x -p no:cacheprovider -m "not slow and not spark"
+
+$(DEBUG_DIR)/.built: $(STAMP) $(wildcard segstore/*.py)
+	rm -rf $(DEBUG_DIR)
+	SEGSTORE_CYTHON_DEBUG=1 $(PY) setup.py -q build_ext --build-lib $(DEBUG_DIR) --build-temp build/debug-tmp
+	cp segstore/*.py segstore/*.pyi $(DEBUG_DIR)/segstore/
+	touch $@
+
+debug-build: $(DEBUG_DIR)/.built
+
+bench: install
+	cd asv_bench && ../$(PY) -m asv machine --yes >/dev/null && \
+	  ../$(PY) -m asv check --python=same && \
+	  ../$(PY) -m asv run --python=same --quick --show-stderr
+
+bench-full: install
+	cd asv_bench && ../$(PY) -m asv machine --yes >/dev/null && \
+	  ../$(PY) -m asv run --python=same --show-stderr
+
+clean:
+	rm -rf build $(VENV) segstore/_core.c segstore/*.so asv_bench/.asv

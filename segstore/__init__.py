@@ -1,0 +1,13 @@
+"""segstore: Apache Kafka's partition-log storage engine, embeddable, with a Cython core."""
+
+from . import errors
+from .columns import BinaryColumn, HeaderColumn, RecordColumns
+from .records import (BatchInfo, CompressionType, ConsumerRecord, ControlRecordType,
+                      OffsetAndTimestamp, RecordMetadata, TimestampType, TopicPartition)
+
+__version__ = "0.1.0"
+__all__ = [
+    "errors", "BinaryColumn", "HeaderColumn", "RecordColumns", "BatchInfo", "CompressionType",
+    "ConsumerRecord", "ControlRecordType", "OffsetAndTimestamp", "RecordMetadata",
+    "TimestampType", "TopicPartition",
+]

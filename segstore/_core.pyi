@@ -1,0 +1,162 @@
+"""Type stubs for the compiled core (segstore/_core.pyx).
+
+Every byte-level loop lives there: varints, record batch v2 scan/decode/encode, legacy v0/v1
+decode, column decode/encode, murmur2 and MurmurHash3. Parsers run without the GIL on explicit
+bounds and return status codes; one function turns a bad status into CorruptRecordError naming the
+file and position.
+"""
+
+from typing import Any, NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+
+from .columns import BinaryColumn, RecordColumns
+from .errors import CorruptRecordError
+from .records import ConsumerRecord
+
+Buffer = Union[bytes, bytearray, memoryview, Any]  # anything exposing a contiguous byte buffer
+
+# numpy structured dtype of one scanned batch header. Fields: position, base_offset, last_offset,
+# base_timestamp, max_timestamp, producer_id (int64); size, partition_leader_epoch,
+# last_offset_delta, base_sequence, records_count (int32); crc (uint32); attributes,
+# producer_epoch (int16); magic (int8).  size includes the 12-byte log overhead.
+BATCH_DTYPE: np.dtype
+
+V2_HEADER_SIZE: int  # 61
+LOG_OVERHEAD: int  # 12
+
+class ScanResult(NamedTuple):
+    batches: np.ndarray  # BATCH_DTYPE, one row per complete batch, in file order
+    valid_end: int  # position just past the last complete (and, if checked, CRC-valid) batch
+    torn: bool  # stopped at an incomplete trailing batch (declared size past the end)
+    error: Optional[CorruptRecordError]  # the first corrupt batch, when raise_on_corrupt=False
+
+class EncodedBatches(NamedTuple):
+    data: bytes  # concatenated v2 batches
+    batches: np.ndarray  # BATCH_DTYPE rows describing each batch in ``data``
+
+def crc32c(data: Buffer) -> int: ...
+def murmur2(data: Buffer) -> int:
+    """Kafka's murmur2 (seed 0x9747b28c) as a signed 32-bit int, like Java's Utils.murmur2."""
+
+def murmur2_partition(key: Buffer, num_partitions: int) -> int:
+    """Kafka's default partitioner for a non-null key: toPositive(murmur2(key)) % n."""
+
+def murmur2_partitions(keys: BinaryColumn, num_partitions: int) -> np.ndarray:
+    """Vectorized murmur2_partition over a column (int32; -1 for null keys)."""
+
+def murmur3_128(data: Buffer, seed: int = 0) -> bytes:
+    """MurmurHash3 x64-128 digest (16 bytes), equal to ``mmh3.hash_bytes(data, seed)``."""
+
+def scan_batches(
+    buf: Buffer,
+    start: int = 0,
+    end: Optional[int] = None,
+    *,
+    validate_crc: bool = False,
+    raise_on_corrupt: bool = True,
+    max_batches: Optional[int] = None,
+    file: Optional[str] = None,
+) -> ScanResult:
+    """Walk batch boundaries from ``start`` without decoding records (REF §1.11 file rules).
+
+    Stops silently when fewer than 17 bytes remain or a declared size runs past ``end`` (a torn
+    tail). A size field below 14, a v2 batch shorter than 61 bytes, a magic outside 0..2, or (with
+    ``validate_crc``) a CRC mismatch is corrupt: raised as CorruptRecordError with the batch
+    position, or returned in ``error`` with ``raise_on_corrupt=False``.
+    """
+
+def decode_records(
+    buf: Buffer,
+    start: int = 0,
+    end: Optional[int] = None,
+    *,
+    min_offset: Optional[int] = None,
+    end_offset: Optional[int] = None,
+    max_records: Optional[int] = None,
+    validate_crc: bool = True,
+    include_control: bool = False,
+    topic: Optional[str] = None,
+    partition: Optional[int] = None,
+    file: Optional[str] = None,
+) -> list[ConsumerRecord]:
+    """Every record with ``min_offset <= offset < end_offset`` as ConsumerRecord namedtuples.
+
+    v2 and legacy v0/v1 batches (compressed or not) are decoded; control batches are skipped
+    unless ``include_control``. A torn trailing batch is ignored; anything corrupt raises.
+    """
+
+def decode_columns(
+    buf: Buffer,
+    start: int = 0,
+    end: Optional[int] = None,
+    *,
+    min_offset: Optional[int] = None,
+    end_offset: Optional[int] = None,
+    max_records: Optional[int] = None,
+    validate_crc: bool = True,
+    include_headers: bool = False,
+    topic: Optional[str] = None,
+    partition: Optional[int] = None,
+    file: Optional[str] = None,
+) -> RecordColumns:
+    """Like decode_records, straight into numpy columns in Arrow layout (control batches skipped)."""
+
+def encode_batch(
+    values: Sequence[Optional[Buffer]],
+    keys: Optional[Sequence[Optional[Buffer]]] = None,
+    headers: Optional[Sequence[Optional[Sequence[tuple[str, Optional[Buffer]]]]]] = None,
+    timestamps_ms: Union[None, int, Sequence[int]] = None,
+    *,
+    base_offset: int = 0,
+    compression: Union[int, str, None] = 0,
+    compression_level: Optional[int] = None,
+    log_append_time_ms: Optional[int] = None,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    is_transactional: bool = False,
+    partition_leader_epoch: int = -1,
+    offset_deltas: Optional[Sequence[int]] = None,
+) -> bytes:
+    """One record batch v2 with a fresh CRC-32C. ``timestamps_ms`` None means now.
+
+    ``log_append_time_ms`` stamps the batch LogAppendTime (attribute bit 3, maxTimestamp).
+    ``offset_deltas`` (strictly increasing, default 0..n-1) writes a batch with offset gaps,
+    as the cleaner does.
+    """
+
+def encode_control_batch(
+    control_type: int,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int = 0,
+    base_offset: int = 0,
+    timestamp_ms: int,
+    partition_leader_epoch: int = -1,
+) -> bytes:
+    """A 78-byte transaction marker batch (ControlRecordType.COMMIT or ABORT)."""
+
+def encode_columns(
+    values: BinaryColumn,
+    keys: Optional[BinaryColumn] = None,
+    timestamps_ms: Union[None, int, np.ndarray] = None,
+    *,
+    base_offset: int = 0,
+    records_per_batch: int = 4096,
+    max_batch_bytes: int = 1 << 20,
+    compression: Union[int, str, None] = 0,
+    compression_level: Optional[int] = None,
+    log_append_time_ms: Optional[int] = None,
+    partition_leader_epoch: int = -1,
+) -> EncodedBatches:
+    """Columns into consecutive v2 batches (offsets base_offset, base_offset + 1, ...).
+
+    A batch closes at ``records_per_batch`` records or before it would pass ``max_batch_bytes``
+    (a single record larger than that still gets a batch of its own).
+    """
+
+def set_base_offset(buf: bytearray, position: int, base_offset: int,
+                    partition_leader_epoch: Optional[int] = None) -> None:
+    """Rewrite a v2 batch's baseOffset (and leader epoch) in place; neither is covered by the CRC."""

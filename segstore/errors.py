@@ -1,0 +1,81 @@
+"""The segstore error hierarchy.
+
+Every error segstore raises on purpose is a :class:`SegstoreError`. Errors about bad arguments also
+derive from :class:`ValueError` (or :class:`TypeError`), so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class SegstoreError(Exception):
+    """Base class of every segstore error."""
+
+
+class CorruptRecordError(SegstoreError):
+    """Bytes that are not a valid record batch (bad size, CRC, varint, layout, codec).
+
+    ``file`` and ``position`` name where the bad batch starts, when known.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, position: int | None = None):
+        self.reason = message
+        self.file = file
+        self.position = position
+        where = []
+        if file is not None:
+            where.append(f"file {file}")
+        if position is not None:
+            where.append(f"position {position}")
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+
+
+class CorruptIndexError(SegstoreError):
+    """An index file that fails its sanity check."""
+
+
+class InvalidRecordError(SegstoreError, ValueError):
+    """A record the caller asked to write is not valid (wrong type, bad header, ...)."""
+
+
+class RecordTooLargeError(SegstoreError, ValueError):
+    """A batch larger than ``max.message.bytes`` (or ``segment.bytes``)."""
+
+
+class UnsupportedCompressionError(SegstoreError, ValueError):
+    """An unknown compression codec name or id."""
+
+
+class InvalidConfigError(SegstoreError, ValueError):
+    """An unknown, unsupported or out-of-range configuration key or value."""
+
+
+class OffsetOutOfRangeError(SegstoreError, ValueError):
+    """An offset below the log start offset or above the log end offset."""
+
+
+class InvalidOffsetError(SegstoreError, ValueError):
+    """An offset that cannot be used here (negative, not increasing, overflowing a segment)."""
+
+
+class InvalidTopicError(SegstoreError, ValueError):
+    """A topic name Kafka would reject."""
+
+
+class UnknownTopicOrPartitionError(SegstoreError, KeyError):
+    """A topic or partition that does not exist in the store."""
+
+
+class TopicAlreadyExistsError(SegstoreError, ValueError):
+    """Creating a topic that already exists."""
+
+
+class StoreLockedError(SegstoreError):
+    """Another process holds the store's writer lock."""
+
+
+class StoreClosedError(SegstoreError):
+    """An operation on a closed store or log."""
+
+
+class ReadOnlyStoreError(SegstoreError):
+    """A mutation on a store opened with ``readonly=True``."""
