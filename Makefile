@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.segstore-installed
 DEBUG_DIR := build/debug
-CORE_SRC := segstore/_core.pyx segstore/_core.pxd setup.py pyproject.toml
+CORE_SRC := segstore/_core.pyx segstore/_core.pxd $(wildcard segstore/*.pxi) setup.py pyproject.toml
 
 .PHONY: install demo test test-fast test-debug debug-build bench bench-full clean
 

@@ -1,0 +1,452 @@
+# Encoding Python lists and numpy columns into v2 batches.
+# Included by _core.pyx; shares its namespace.
+
+cdef enum:
+    MAX_RECORD_FIELD = 0x7FFFFFFF - 64   # a body must fit its int32 varint with room for overhead
+
+
+cdef inline int64_t _record_body_size(int64_t ts_delta, int32_t offset_delta, int32_t klen,
+                                      int32_t vlen, int32_t hcount, int64_t hbytes) noexcept nogil:
+    return (1 + varlong_size(ts_delta) + varint_size(offset_delta)
+            + varint_size(klen) + (klen if klen > 0 else 0)
+            + varint_size(vlen) + (vlen if vlen > 0 else 0)
+            + varint_size(hcount) + hbytes)
+
+
+cdef inline uint8_t* _write_record_head(uint8_t* p, int32_t body, int64_t ts_delta,
+                                        int32_t offset_delta, const uint8_t* k, int32_t klen,
+                                        const uint8_t* v, int32_t vlen) noexcept nogil:
+    # length, attributes, timestampDelta, offsetDelta, key, value; the caller writes headers.
+    p += write_varint(p, body)
+    p[0] = 0
+    p += 1
+    p += write_varlong(p, ts_delta)
+    p += write_varint(p, offset_delta)
+    p += write_varint(p, klen)
+    if klen > 0:
+        memcpy(p, k, klen)
+        p += klen
+    p += write_varint(p, vlen)
+    if vlen > 0:
+        memcpy(p, v, vlen)
+        p += vlen
+    return p
+
+
+cdef inline void _write_batch_header(uint8_t* p, const BatchHeader* h) noexcept nogil:
+    # Everything but the CRC, which is computed over the finished bytes [21, end).
+    wr_i64(p, h.base_offset)
+    wr_i32(p + 8, h.size - LOG_OVERHEAD_C)
+    wr_i32(p + 12, h.partition_leader_epoch)
+    p[16] = 2
+    wr_u32(p + 17, 0)
+    wr_i16(p + 21, h.attributes)
+    wr_i32(p + 23, h.last_offset_delta)
+    wr_i64(p + 27, h.base_timestamp)
+    wr_i64(p + 35, h.max_timestamp)
+    wr_i64(p + 43, h.producer_id)
+    wr_i16(p + 51, h.producer_epoch)
+    wr_i32(p + 53, h.base_sequence)
+    wr_i32(p + 57, h.records_count)
+
+
+cdef int _bytes_arg(object o, list keep, const uint8_t** p, int32_t* n, str what,
+                    Py_ssize_t i) except -1:
+    """Pointer and length of a key/value/header value (None -> length -1)."""
+    cdef const uint8_t[::1] v
+    cdef Py_ssize_t length
+    if o is None:
+        p[0] = NULL
+        n[0] = -1
+        return 0
+    if PyBytes_CheckExact(o):
+        p[0] = <const uint8_t*>PyBytes_AS_STRING(o)
+        length = len(<bytes>o)
+    else:
+        if isinstance(o, str):
+            o = (<str>o).encode("utf-8")
+        try:
+            v = o
+        except (TypeError, ValueError, BufferError):
+            raise InvalidRecordError(
+                f"{what} {i} must be bytes-like, str or None, not {type(o).__name__}") from None
+        keep.append(o)
+        length = v.shape[0]
+        p[0] = _ptr(v)
+    if length > MAX_RECORD_FIELD:
+        raise InvalidRecordError(f"{what} {i} is larger than 2 GiB")
+    n[0] = <int32_t>length
+    return 0
+
+
+cdef _finish_batch(bytearray out, Py_ssize_t pos, Py_ssize_t size):
+    cdef uint8_t* p = <uint8_t*>(<char*>out) + pos
+    wr_u32(p + 17, _crc32c_pkg(memoryview(out)[pos + 21:pos + size]))
+
+
+cdef object _compress_batch(object out, Py_ssize_t pos, Py_ssize_t size, int codec, level):
+    """The batch at out[pos:pos+size] with its records compressed: a new bytearray, CRC set."""
+    compressed = _compression.compress(codec, memoryview(out)[pos + V2_HEADER_C:pos + size], level)
+    cdef Py_ssize_t clen = len(compressed)
+    res = bytearray(V2_HEADER_C + clen)
+    res[:V2_HEADER_C] = out[pos:pos + V2_HEADER_C]
+    res[V2_HEADER_C:] = compressed
+    cdef uint8_t* p = <uint8_t*>(<char*>res)
+    wr_i32(p + 8, <int32_t>(V2_HEADER_C + clen - LOG_OVERHEAD_C))
+    wr_i16(p + 21, rd_i16(p + 21) | <int16_t>codec)
+    _finish_batch(res, 0, V2_HEADER_C + clen)
+    return res
+
+
+def _now_ms():
+    return int(time.time() * 1000)
+
+
+cdef object _encode(values, keys, headers, timestamps_ms, int64_t base_offset, int codec, level,
+                    log_append_time_ms, int64_t producer_id, int producer_epoch,
+                    int32_t base_sequence, bint transactional, bint control,
+                    int32_t leader_epoch, offset_deltas):
+    cdef Py_ssize_t n = len(values), i, j, nh = 0
+    if n == 0:
+        raise InvalidRecordError("a record batch needs at least one record")
+    if keys is not None and len(keys) != n:
+        raise InvalidRecordError(f"{len(keys)} keys for {n} values")
+    if headers is not None and len(headers) != n:
+        raise InvalidRecordError(f"{len(headers)} header lists for {n} values")
+    if offset_deltas is not None and len(offset_deltas) != n:
+        raise InvalidRecordError(f"{len(offset_deltas)} offset deltas for {n} values")
+    if not -32768 <= producer_epoch <= 32767:
+        raise InvalidRecordError(f"producer_epoch {producer_epoch} does not fit an int16")
+    # numpy arrays of per-record fields: freed by refcounting whatever happens.
+    kp_a = np.zeros(n, dtype=np.uintp)
+    vp_a = np.zeros(n, dtype=np.uintp)
+    kl_a = np.empty(n, dtype=np.int32)
+    vl_a = np.empty(n, dtype=np.int32)
+    ts_a = np.empty(n, dtype=np.int64)
+    od_a = np.empty(n, dtype=np.int32)
+    hs_a = np.zeros(n + 1, dtype=np.int64)    # first header index of each record
+    hb_a = np.zeros(n, dtype=np.int64)        # encoded header bytes of each record
+    cdef size_t[::1] kp = kp_a, vp = vp_a
+    cdef int32_t[::1] kl = kl_a, vl = vl_a, od = od_a
+    cdef int64_t[::1] ts = ts_a, hs = hs_a, hb = hb_a
+    cdef list keep = []
+    cdef const uint8_t* ptr
+    cdef int32_t length
+    # Timestamps: one for all, one per record, or now.
+    if timestamps_ms is None:
+        ts_a[:] = _now_ms()
+    elif isinstance(timestamps_ms, int):
+        ts_a[:] = timestamps_ms
+    else:
+        if len(timestamps_ms) != n:
+            raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {n} values")
+        ts_a[:] = np.asarray(timestamps_ms, dtype=np.int64)
+    if offset_deltas is None:
+        od_a[:] = np.arange(n, dtype=np.int32)
+    else:
+        od_a[:] = np.asarray(offset_deltas, dtype=np.int64)
+        for i in range(n):
+            if od[i] < 0 or (i and od[i] <= od[i - 1]):
+                raise InvalidOffsetError("offset_deltas must be >= 0 and strictly increasing")
+    for i in range(n):
+        _bytes_arg(values[i], keep, &ptr, &length, "value", i)
+        vp[i] = <size_t>ptr
+        vl[i] = length
+        if keys is None:
+            kl[i] = -1
+        else:
+            _bytes_arg(keys[i], keep, &ptr, &length, "key", i)
+            kp[i] = <size_t>ptr
+            kl[i] = length
+    # Headers: flatten to (key, value) pointer arrays.
+    hkeys = []
+    hvals = []
+    if headers is not None:
+        for i in range(n):
+            hlist = headers[i]
+            if hlist:
+                for item in hlist:
+                    try:
+                        hk, hv = item
+                    except (TypeError, ValueError):
+                        raise InvalidRecordError(
+                            f"header of record {i} must be a (str, bytes|None) pair, not {item!r}"
+                        ) from None
+                    if isinstance(hk, str):
+                        hk = (<str>hk).encode("utf-8")
+                    elif not isinstance(hk, (bytes, bytearray)):
+                        raise InvalidRecordError(
+                            f"header key of record {i} must be str, not {type(hk).__name__}")
+                    hkeys.append(hk)
+                    hvals.append(hv)
+            hs[i + 1] = len(hkeys)
+    nh = len(hkeys)
+    hkp_a = np.zeros(max(nh, 1), dtype=np.uintp)
+    hvp_a = np.zeros(max(nh, 1), dtype=np.uintp)
+    hkl_a = np.empty(max(nh, 1), dtype=np.int32)
+    hvl_a = np.empty(max(nh, 1), dtype=np.int32)
+    cdef size_t[::1] hkp = hkp_a, hvp = hvp_a
+    cdef int32_t[::1] hkl = hkl_a, hvl = hvl_a
+    for j in range(nh):
+        _bytes_arg(hkeys[j], keep, &ptr, &length, "header key", j)
+        hkp[j] = <size_t>ptr
+        hkl[j] = length
+        _bytes_arg(hvals[j], keep, &ptr, &length, "header value", j)
+        hvp[j] = <size_t>ptr
+        hvl[j] = length
+    cdef BatchHeader h
+    memset(&h, 0, sizeof(BatchHeader))
+    h.base_offset = base_offset
+    h.partition_leader_epoch = leader_epoch
+    h.magic = 2
+    h.attributes = (0x10 if transactional else 0) | (0x20 if control else 0)
+    h.last_offset_delta = od[n - 1]
+    h.base_timestamp = ts[0]
+    h.max_timestamp = ts[0]
+    h.producer_id = producer_id
+    h.producer_epoch = <int16_t>producer_epoch
+    h.base_sequence = base_sequence
+    h.records_count = <int32_t>n
+    cdef int64_t total = V2_HEADER_C, body
+    for i in range(n):
+        if ts[i] > h.max_timestamp:
+            h.max_timestamp = ts[i]
+        for j in range(hs[i], hs[i + 1]):
+            hb[i] += (varint_size(hkl[j]) + hkl[j] + varint_size(hvl[j])
+                      + (hvl[j] if hvl[j] > 0 else 0))
+        body = _record_body_size(ts[i] - h.base_timestamp, od[i], kl[i], vl[i],
+                                 <int32_t>(hs[i + 1] - hs[i]), hb[i])
+        if body > MAX_RECORD_FIELD:
+            raise InvalidRecordError(f"record {i} is larger than 2 GiB")
+        total += varint_size(<int32_t>body) + body
+    if total > MAX_RECORD_FIELD:
+        raise InvalidRecordError("record batch is larger than 2 GiB")
+    if log_append_time_ms is not None:
+        h.attributes |= 0x08
+        h.max_timestamp = log_append_time_ms
+    h.size = <int32_t>total
+    out = bytearray(total)
+    cdef uint8_t* base = <uint8_t*>(<char*>out)
+    cdef uint8_t* p = base + V2_HEADER_C
+    _write_batch_header(base, &h)
+    for i in range(n):
+        body = _record_body_size(ts[i] - h.base_timestamp, od[i], kl[i], vl[i],
+                                 <int32_t>(hs[i + 1] - hs[i]), hb[i])
+        p = _write_record_head(p, <int32_t>body, ts[i] - h.base_timestamp, od[i],
+                               <const uint8_t*>kp[i], kl[i], <const uint8_t*>vp[i], vl[i])
+        p += write_varint(p, <int32_t>(hs[i + 1] - hs[i]))
+        for j in range(hs[i], hs[i + 1]):
+            p += write_varint(p, hkl[j])
+            if hkl[j] > 0:
+                memcpy(p, <const uint8_t*>hkp[j], hkl[j])
+                p += hkl[j]
+            p += write_varint(p, hvl[j])
+            if hvl[j] > 0:
+                memcpy(p, <const uint8_t*>hvp[j], hvl[j])
+                p += hvl[j]
+    if p - base != total:
+        raise AssertionError("segstore: encoded batch size mismatch")
+    if codec:
+        return bytes(_compress_batch(out, 0, total, codec, level))
+    _finish_batch(out, 0, total)
+    return bytes(out)
+
+
+def encode_batch(values, keys=None, headers=None, timestamps_ms=None, *, int64_t base_offset=0,
+                 compression=0, compression_level=None, log_append_time_ms=None,
+                 int64_t producer_id=-1, int producer_epoch=-1, int32_t base_sequence=-1,
+                 bint is_transactional=False, int32_t partition_leader_epoch=-1,
+                 offset_deltas=None):
+    """One record batch v2 with a fresh CRC-32C (see _core.pyi)."""
+    return _encode(values, keys, headers, timestamps_ms, base_offset,
+                   _compression.codec_id(compression), compression_level, log_append_time_ms,
+                   producer_id, producer_epoch, base_sequence, is_transactional, False,
+                   partition_leader_epoch, offset_deltas)
+
+
+def encode_control_batch(int control_type, *, int64_t producer_id, int producer_epoch,
+                         int32_t coordinator_epoch=0, int64_t base_offset=0,
+                         int64_t timestamp_ms, int32_t partition_leader_epoch=-1):
+    """A 78-byte transaction marker batch (ControlRecordType.COMMIT or ABORT; REF §1.8)."""
+    if control_type not in (0, 1):
+        raise InvalidRecordError(f"control_type must be 0 (ABORT) or 1 (COMMIT), not {control_type}")
+    key = bytearray(4)
+    value = bytearray(6)
+    cdef uint8_t* kp = <uint8_t*>(<char*>key)
+    cdef uint8_t* vp = <uint8_t*>(<char*>value)
+    wr_i16(kp, 0)
+    wr_i16(kp + 2, <int16_t>control_type)
+    wr_i16(vp, 0)
+    wr_i32(vp + 2, coordinator_epoch)
+    return _encode([bytes(value)], [bytes(key)], None, timestamp_ms, base_offset, 0, None, None,
+                   producer_id, producer_epoch, -1, True, True, partition_leader_epoch, None)
+
+
+cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
+                       const uint8_t* vv, const int64_t* ts, bint ts_scalar, Py_ssize_t n,
+                       Py_ssize_t per_batch, int64_t max_bytes, int64_t* starts,
+                       Py_ssize_t* nbatches, int64_t* total) noexcept nogil:
+    """Split records into batches; `starts` gets each batch's first record index."""
+    cdef Py_ssize_t i, count = 0
+    cdef int64_t size = 0, rec, body, base_ts = 0, klen, vlen
+    nbatches[0] = 0
+    total[0] = 0
+    for i in range(n):
+        klen = (ko[i + 1] - ko[i]) if (ko != NULL and kv[i]) else -1
+        vlen = (vo[i + 1] - vo[i]) if vv[i] else -1
+        if klen > MAX_RECORD_FIELD or vlen > MAX_RECORD_FIELD or (vo[i + 1] < vo[i]) or (
+                ko != NULL and ko[i + 1] < ko[i]):
+            return ST_RECORD_LENGTH
+        if count == 0:
+            base_ts = ts[0] if ts_scalar else ts[i]
+        body = _record_body_size((0 if ts_scalar else ts[i] - base_ts), <int32_t>count,
+                                 <int32_t>klen, <int32_t>vlen, 0, 0)
+        rec = varint_size(<int32_t>body) + body
+        if count > 0 and (count >= per_batch or size + rec > max_bytes - V2_HEADER_C):
+            total[0] += V2_HEADER_C + size
+            count = 0
+            size = 0
+            base_ts = ts[0] if ts_scalar else ts[i]
+            body = _record_body_size(0, 0, <int32_t>klen, <int32_t>vlen, 0, 0)
+            rec = varint_size(<int32_t>body) + body
+        if count == 0:
+            starts[nbatches[0]] = i
+            nbatches[0] += 1
+        size += rec
+        count += 1
+    if count:
+        total[0] += V2_HEADER_C + size
+    starts[nbatches[0]] = n
+    return ST_OK
+
+
+cdef void _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, const uint8_t* kv,
+                         const uint8_t* vd, const int64_t* vo, const uint8_t* vv,
+                         const int64_t* ts, bint ts_scalar, const int64_t* starts,
+                         Py_ssize_t nbatches, int64_t base_offset, int32_t leader_epoch,
+                         int16_t attributes, int64_t log_append_time,
+                         BatchHeader* hdrs) noexcept nogil:
+    cdef Py_ssize_t b, i
+    cdef int64_t pos = 0, t, body, klen, vlen
+    cdef uint8_t* p
+    cdef BatchHeader* h
+    for b in range(nbatches):
+        h = &hdrs[b]
+        h.position = pos
+        h.base_offset = base_offset + starts[b]
+        h.records_count = <int32_t>(starts[b + 1] - starts[b])
+        h.last_offset_delta = h.records_count - 1
+        h.last_offset = h.base_offset + h.last_offset_delta
+        h.partition_leader_epoch = leader_epoch
+        h.magic = 2
+        h.attributes = attributes
+        h.producer_id = -1
+        h.producer_epoch = -1
+        h.base_sequence = -1
+        h.base_timestamp = ts[0] if ts_scalar else ts[starts[b]]
+        h.max_timestamp = h.base_timestamp
+        p = out + pos + V2_HEADER_C
+        for i in range(starts[b], starts[b + 1]):
+            t = ts[0] if ts_scalar else ts[i]
+            if t > h.max_timestamp:
+                h.max_timestamp = t
+            klen = (ko[i + 1] - ko[i]) if (ko != NULL and kv[i]) else -1
+            vlen = (vo[i + 1] - vo[i]) if vv[i] else -1
+            body = _record_body_size(t - h.base_timestamp, <int32_t>(i - starts[b]),
+                                     <int32_t>klen, <int32_t>vlen, 0, 0)
+            p = _write_record_head(p, <int32_t>body, t - h.base_timestamp,
+                                   <int32_t>(i - starts[b]),
+                                   (kd + ko[i]) if klen > 0 else NULL, <int32_t>klen,
+                                   (vd + vo[i]) if vlen > 0 else NULL, <int32_t>vlen)
+            p[0] = 0  # header count
+            p += 1
+        if log_append_time >= 0:
+            h.max_timestamp = log_append_time
+        h.size = <int32_t>(p - (out + pos))
+        h.crc = 0
+        _write_batch_header(out + pos, h)
+        pos += h.size
+
+
+def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset=0,
+                   Py_ssize_t records_per_batch=4096, int64_t max_batch_bytes=1 << 20,
+                   compression=0, compression_level=None, log_append_time_ms=None,
+                   int32_t partition_leader_epoch=-1):
+    """Columns into consecutive v2 batches (see _core.pyi)."""
+    cdef int codec = _compression.codec_id(compression)
+    cdef Py_ssize_t n = len(values)
+    if records_per_batch <= 0:
+        raise ValueError(f"records_per_batch must be positive, got {records_per_batch}")
+    if keys is not None and len(keys) != n:
+        raise InvalidRecordError(f"{len(keys)} keys for {n} values")
+    cdef const uint8_t[::1] vd = values.data
+    cdef const int64_t[::1] vo = values.offsets
+    cdef const uint8_t[::1] vv = values.valid.view(np.uint8)
+    cdef const uint8_t[::1] kd, kv
+    cdef const int64_t[::1] ko
+    cdef const int64_t* kop = NULL
+    cdef const uint8_t* kvp = NULL
+    cdef const uint8_t* kdp = NULL
+    if n == 0:
+        return EncodedBatches(b"", np.empty(0, dtype=BATCH_DTYPE))
+    if vo[0] < 0 or vo[n] > vd.shape[0]:
+        raise InvalidRecordError("values.offsets point outside values.data")
+    if keys is not None:
+        kd = keys.data
+        ko = keys.offsets
+        kv = keys.valid.view(np.uint8)
+        if ko[0] < 0 or ko[n] > kd.shape[0]:
+            raise InvalidRecordError("keys.offsets point outside keys.data")
+        kop = &ko[0]
+        kvp = &kv[0]
+        kdp = _ptr(kd)
+    cdef bint ts_scalar
+    if timestamps_ms is None or isinstance(timestamps_ms, int):
+        ts_arr = np.array([_now_ms() if timestamps_ms is None else timestamps_ms], dtype=np.int64)
+        ts_scalar = True
+    else:
+        ts_arr = np.ascontiguousarray(timestamps_ms, dtype=np.int64)
+        if len(ts_arr) != n:
+            raise InvalidRecordError(f"{len(ts_arr)} timestamps for {n} values")
+        ts_scalar = False
+    cdef const int64_t[::1] ts = ts_arr
+    starts_arr = np.empty(n + 1, dtype=np.int64)
+    cdef int64_t[::1] starts = starts_arr
+    cdef Py_ssize_t nbatches = 0
+    cdef int64_t total = 0
+    cdef int st
+    with nogil:
+        st = _plan_columns(kop, kvp, &vo[0], &vv[0], &ts[0], ts_scalar, n, records_per_batch,
+                           max_batch_bytes, &starts[0], &nbatches, &total)
+    if st != ST_OK:
+        raise InvalidRecordError("column offsets are not increasing or a value exceeds 2 GiB")
+    out = PyBytes_FromStringAndSize(NULL, total)  # filled below before anyone sees it
+    hdr_arr = np.zeros(nbatches, dtype=BATCH_DTYPE)
+    cdef uint8_t[::1] hv = hdr_arr.view(np.uint8)
+    cdef uint8_t* op = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef int16_t attrs = 0x08 if log_append_time_ms is not None else 0
+    cdef int64_t lat = -1 if log_append_time_ms is None else log_append_time_ms
+    with nogil:
+        _write_columns(op, kdp, kop, kvp, _ptr(vd), &vo[0], &vv[0], &ts[0], ts_scalar,
+                       &starts[0], nbatches, base_offset, partition_leader_epoch, attrs, lat,
+                       <BatchHeader*>&hv[0])
+    cdef BatchHeader* hp = <BatchHeader*>&hv[0]
+    cdef Py_ssize_t b
+    if codec == 0:
+        mv = memoryview(out)
+        for b in range(nbatches):
+            hp[b].crc = _crc32c_pkg(mv[hp[b].position + 21:hp[b].position + hp[b].size])
+            wr_u32(op + hp[b].position + 17, hp[b].crc)
+        del mv
+        return EncodedBatches(out, hdr_arr)
+    parts = []
+    cdef int64_t pos = 0
+    for b in range(nbatches):
+        c = _compress_batch(out, hp[b].position, hp[b].size, codec, compression_level)
+        hp[b].position = pos
+        hp[b].size = len(c)
+        hp[b].attributes |= codec
+        hp[b].crc = rd_u32(<uint8_t*>(<char*>c) + 17)
+        pos += len(c)
+        parts.append(c)
+    return EncodedBatches(b"".join(parts), hdr_arr)

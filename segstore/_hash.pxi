@@ -1,0 +1,150 @@
+# MurmurHash2 (Kafka's partitioner) and MurmurHash3 x64-128 (the offset-map digest).
+# Included by _core.pyx; shares its namespace.
+
+cdef int32_t _murmur2(const uint8_t* data, Py_ssize_t length) noexcept nogil:
+    # Kafka's Utils.murmur2 with its seed; arithmetic is on uint32 to mirror Java's wrapping ints.
+    cdef uint32_t m = 0x5bd1e995
+    cdef int r = 24
+    cdef uint32_t h = (<uint32_t>0x9747b28cU) ^ <uint32_t>length
+    cdef Py_ssize_t length4 = length // 4
+    cdef Py_ssize_t i, i4
+    cdef uint32_t k
+    for i in range(length4):
+        i4 = i * 4
+        k = (<uint32_t>data[i4] | (<uint32_t>data[i4 + 1] << 8)
+             | (<uint32_t>data[i4 + 2] << 16) | (<uint32_t>data[i4 + 3] << 24))
+        k *= m
+        k ^= k >> r
+        k *= m
+        h *= m
+        h ^= k
+    cdef Py_ssize_t tail = length & ~(<Py_ssize_t>3)
+    cdef int rem = length % 4
+    if rem == 3:
+        h ^= <uint32_t>data[tail + 2] << 16
+    if rem >= 2:
+        h ^= <uint32_t>data[tail + 1] << 8
+    if rem >= 1:
+        h ^= <uint32_t>data[tail]
+        h *= m
+    h ^= h >> 13
+    h *= m
+    h ^= h >> 15
+    return <int32_t>h
+
+
+cdef inline uint64_t _rotl64(uint64_t x, int r) noexcept nogil:
+    return (x << r) | (x >> (64 - r))
+
+
+cdef inline uint64_t _fmix64(uint64_t k) noexcept nogil:
+    k ^= k >> 33
+    k *= 0xff51afd7ed558ccdULL
+    k ^= k >> 33
+    k *= 0xc4ceb9fe1a85ec53ULL
+    k ^= k >> 33
+    return k
+
+
+cdef inline uint64_t _le64(const uint8_t* p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v |= (<uint64_t>p[i]) << (8 * i)
+    return v
+
+
+cdef void murmur3_x64_128(const uint8_t* data, Py_ssize_t length, uint32_t seed,
+                          uint64_t* out1, uint64_t* out2) noexcept nogil:
+    """MurmurHash3 x64-128: the 16-byte key digest of the offset map (design §1.3)."""
+    cdef uint64_t h1 = seed, h2 = seed
+    cdef uint64_t c1 = 0x87c37b91114253d5ULL
+    cdef uint64_t c2 = 0x4cf5ad432745937fULL
+    cdef Py_ssize_t nblocks = length // 16
+    cdef Py_ssize_t i
+    cdef uint64_t k1, k2
+    cdef const uint8_t* block
+    for i in range(nblocks):
+        block = data + i * 16
+        k1 = _le64(block)
+        k2 = _le64(block + 8)
+        k1 *= c1; k1 = _rotl64(k1, 31); k1 *= c2; h1 ^= k1
+        h1 = _rotl64(h1, 27); h1 += h2; h1 = h1 * 5 + 0x52dce729
+        k2 *= c2; k2 = _rotl64(k2, 33); k2 *= c1; h2 ^= k2
+        h2 = _rotl64(h2, 31); h2 += h1; h2 = h2 * 5 + 0x38495ab5
+    cdef const uint8_t* tail = data + nblocks * 16
+    cdef int rem = length & 15
+    k1 = 0
+    k2 = 0
+    if rem > 8:
+        for i in range(rem - 1, 7, -1):
+            k2 ^= (<uint64_t>tail[i]) << (8 * (i - 8))
+        k2 *= c2; k2 = _rotl64(k2, 33); k2 *= c1; h2 ^= k2
+    if rem > 0:
+        for i in range((rem if rem < 8 else 8) - 1, -1, -1):
+            k1 ^= (<uint64_t>tail[i]) << (8 * i)
+        k1 *= c1; k1 = _rotl64(k1, 31); k1 *= c2; h1 ^= k1
+    h1 ^= <uint64_t>length
+    h2 ^= <uint64_t>length
+    h1 += h2
+    h2 += h1
+    h1 = _fmix64(h1)
+    h2 = _fmix64(h2)
+    h1 += h2
+    h2 += h1
+    out1[0] = h1
+    out2[0] = h2
+
+
+def crc32c(data) -> int:
+    """CRC-32C (Castagnoli) of a buffer, computed by the crc32c package."""
+    return _crc32c_pkg(data)
+
+
+def murmur2(data) -> int:
+    """Kafka's murmur2 (seed 0x9747b28c) as a signed 32-bit int, like Java's Utils.murmur2."""
+    cdef const uint8_t[::1] v = data
+    return _murmur2(_ptr(v), v.shape[0])
+
+
+def murmur2_partition(key, int num_partitions) -> int:
+    """Kafka's default partitioner for a non-null key: toPositive(murmur2(key)) % n."""
+    if num_partitions <= 0:
+        raise ValueError(f"num_partitions must be positive, got {num_partitions}")
+    cdef const uint8_t[::1] v = key
+    return (_murmur2(_ptr(v), v.shape[0]) & 0x7FFFFFFF) % num_partitions
+
+
+def murmur2_partitions(keys, int num_partitions):
+    """Vectorized murmur2_partition over a BinaryColumn (int32; -1 for null keys)."""
+    if num_partitions <= 0:
+        raise ValueError(f"num_partitions must be positive, got {num_partitions}")
+    cdef const uint8_t[::1] data = keys.data
+    cdef const int64_t[::1] offs = keys.offsets
+    cdef const uint8_t[::1] valid = keys.valid.view(np.uint8)
+    cdef Py_ssize_t n = valid.shape[0], i
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    cdef const uint8_t* d = _ptr(data)
+    if n and offs[n] > data.shape[0]:
+        raise ValueError("keys.offsets point past keys.data")
+    with nogil:
+        for i in range(n):
+            if valid[i]:
+                o[i] = (_murmur2(d + offs[i], offs[i + 1] - offs[i]) & 0x7FFFFFFF) % num_partitions
+            else:
+                o[i] = -1
+    return out
+
+
+def murmur3_128(data, uint32_t seed=0) -> bytes:
+    """MurmurHash3 x64-128 digest (16 bytes), equal to ``mmh3.hash_bytes(data, seed)``."""
+    cdef const uint8_t[::1] v = data
+    cdef uint64_t h1, h2
+    cdef uint8_t out[16]
+    cdef int i
+    murmur3_x64_128(_ptr(v), v.shape[0], seed, &h1, &h2)
+    for i in range(8):
+        out[i] = <uint8_t>(h1 >> (8 * i))
+        out[8 + i] = <uint8_t>(h2 >> (8 * i))
+    return PyBytes_FromStringAndSize(<char*>out, 16)

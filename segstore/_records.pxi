@@ -1,0 +1,246 @@
+# Decoding into ConsumerRecord objects (v2 and legacy v0/v1).
+# Included by _core.pyx; shares its namespace.
+
+ctypedef PyObject* (*_allocfunc)(void*, Py_ssize_t)
+cdef extern from "Python.h":
+    ctypedef struct _TypeObj "PyTypeObject":
+        _allocfunc tp_alloc
+
+cdef object _ConsumerRecord = ConsumerRecord
+cdef Py_ssize_t _CR_FIELDS = len(ConsumerRecord._fields)
+
+
+cdef extern from "Python.h":
+    void Py_DECREF_obj "Py_DECREF" (object o)
+
+
+cdef inline void _put(object t, Py_ssize_t i, object x):
+    Py_INCREF(x)  # PyTuple_SET_ITEM steals a reference
+    PyTuple_SET_ITEM(t, i, x)
+
+
+cdef inline object _new_record(object topic, object partition, object leader_epoch,
+                               int64_t offset, int64_t timestamp, int timestamp_type,
+                               object key, object value, object headers, object checksum,
+                               Py_ssize_t ksize, Py_ssize_t vsize, Py_ssize_t hsize):
+    # Allocate the namedtuple directly (a tuple subclass of 13 slots), skipping its Python
+    # __new__: object decode is dominated by per-record allocation.
+    cdef PyObject* p = (<_TypeObj*><PyObject*>_ConsumerRecord).tp_alloc(
+        <void*><PyObject*>_ConsumerRecord, _CR_FIELDS)
+    if p == NULL:
+        raise MemoryError()
+    cdef object t = <object>p
+    Py_DECREF_obj(t)  # the cast above took a second reference
+    _put(t, 0, topic)
+    _put(t, 1, partition)
+    _put(t, 2, leader_epoch)
+    _put(t, 3, offset)
+    _put(t, 4, timestamp)
+    _put(t, 5, timestamp_type)
+    _put(t, 6, key)
+    _put(t, 7, value)
+    _put(t, 8, headers)
+    _put(t, 9, checksum)
+    _put(t, 10, ksize)
+    _put(t, 11, vsize)
+    _put(t, 12, hsize)
+    return t
+
+
+
+
+cdef inline object _bytes_or_none(const uint8_t* b, Py_ssize_t pos, int32_t length):
+    if length < 0:
+        return None
+    return PyBytes_FromStringAndSize(<const char*>(b + pos), length)
+
+
+cdef int _decode_region_records(list out, const Region* reg, const BatchHeader* h,
+                                int64_t lo, int64_t hi, Py_ssize_t limit, object topic,
+                                object partition, object file) except -1:
+    cdef const uint8_t* b = reg.data
+    cdef Py_ssize_t pos = reg.start, hp
+    cdef RecordView r
+    cdef int st
+    cdef int32_t j, k, prev = -1, klen, vlen
+    cdef int64_t offset, ts
+    cdef bint log_append = (h.attributes & 0x08) != 0
+    cdef int ts_type = 1 if log_append else 0
+    leader_epoch = h.partition_leader_epoch if h.partition_leader_epoch >= 0 else None
+    if h.records_count < 0:
+        _raise_status(ST_RECORD_COUNT, reg.position, file)
+    for j in range(h.records_count):
+        st = parse_record(b, &pos, reg.end, &r)
+        if st != ST_OK:
+            _raise_status(st, reg.position, file)
+        if r.offset_delta <= prev or r.offset_delta > h.last_offset_delta:
+            _raise_status(ST_OFFSET_DELTA, reg.position, file)
+        prev = r.offset_delta
+        offset = h.base_offset + r.offset_delta
+        if offset < lo or offset >= hi or len(out) >= limit:
+            continue
+        ts = h.max_timestamp if log_append else h.base_timestamp + r.timestamp_delta
+        hdrs = []
+        hp = r.headers_pos
+        for k in range(r.header_count):
+            read_varint(b, &hp, reg.end, &klen)
+            hkey = PyUnicode_DecodeUTF8(<const char*>(b + hp), klen, "replace")
+            hp += klen
+            read_varint(b, &hp, reg.end, &vlen)
+            hval = _bytes_or_none(b, hp, vlen)
+            if vlen > 0:
+                hp += vlen
+            hdrs.append((hkey, hval))
+        out.append(_new_record(
+            topic, partition, leader_epoch, offset, ts, ts_type,
+            _bytes_or_none(b, r.key_pos, r.key_len), _bytes_or_none(b, r.value_pos, r.value_len),
+            hdrs, None, r.key_len, r.value_len,
+            (r.header_key_bytes + r.header_value_bytes) if r.header_count else -1))
+    if pos != reg.end:
+        _raise_status(ST_LEFTOVER, reg.position, file)
+    return 0
+
+
+cdef int _legacy_message(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end, int8_t* magic,
+                         uint8_t* attrs, int64_t* ts, int32_t* klen, Py_ssize_t* kpos,
+                         int32_t* vlen, Py_ssize_t* vpos) noexcept nogil:
+    """Parse a v0/v1 message body at pos (crc, magic, attributes, [ts], key, value) up to end."""
+    cdef Py_ssize_t p = pos + 4
+    if end - pos < MIN_SIZE_FIELD:
+        return ST_LEGACY_SIZE
+    magic[0] = <int8_t>b[p]
+    attrs[0] = b[p + 1]
+    p += 2
+    if magic[0] == 1:
+        if end - pos < V1_MIN_SIZE:
+            return ST_LEGACY_SIZE
+        ts[0] = rd_i64(b + p)
+        p += 8
+    elif magic[0] == 0:
+        ts[0] = -1
+    else:
+        return ST_BAD_MAGIC
+    if end - p < 4:
+        return ST_TRUNCATED
+    klen[0] = rd_i32(b + p)
+    p += 4
+    if klen[0] < -1:
+        return ST_NEGATIVE_LENGTH
+    kpos[0] = p
+    if klen[0] > 0:
+        if klen[0] > end - p:
+            return ST_TRUNCATED
+        p += klen[0]
+    if end - p < 4:
+        return ST_TRUNCATED
+    vlen[0] = rd_i32(b + p)
+    p += 4
+    if vlen[0] < -1:
+        return ST_NEGATIVE_LENGTH
+    vpos[0] = p
+    if vlen[0] > 0:
+        if vlen[0] > end - p:
+            return ST_TRUNCATED
+        p += vlen[0]
+    if p != end:
+        return ST_RECORD_LENGTH
+    return ST_OK
+
+
+cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader* h,
+                        int64_t lo, int64_t hi, Py_ssize_t limit, bint validate_crc,
+                        object topic, object partition, object file) except -1:
+    """Records of one v0/v1 log entry; a compressed wrapper is opened one level deep."""
+    cdef int8_t magic, imagic
+    cdef uint8_t attrs, iattrs
+    cdef int64_t ts, its, ioff, wrapper_offset = h.last_offset
+    cdef int32_t klen, vlen, isize
+    cdef Py_ssize_t kpos, vpos, p, iend
+    cdef int st = _legacy_message(b, h.position + 12, h.position + h.size, &magic, &attrs, &ts,
+                                  &klen, &kpos, &vlen, &vpos)
+    _raise_status(st, h.position, file)
+    cdef int codec = attrs & 0x07
+    cdef int ts_type = -1 if magic == 0 else (attrs >> 3) & 1
+    if codec == 0:
+        if lo <= wrapper_offset < hi and len(out) < limit:
+            out.append(_new_record(topic, partition, None, wrapper_offset, ts, ts_type,
+                                   _bytes_or_none(b, kpos, klen), _bytes_or_none(b, vpos, vlen),
+                                   [], h.crc, klen, vlen, -1))
+        return 0
+    if codec > 3 or vlen < 0:
+        _raise_status(ST_BAD_CODEC, h.position, file, f"legacy codec id {codec}")
+    try:
+        inner = _compression.decompress(codec, mv[vpos:vpos + vlen], magic=magic)
+    except CorruptRecordError as e:
+        raise CorruptRecordError(e.reason, file=file, position=h.position) from None
+    cdef const uint8_t[::1] iv = inner
+    cdef const uint8_t* ib = _ptr(iv)
+    cdef Py_ssize_t n = iv.shape[0]
+    entries = []
+    p = 0
+    while p < n:
+        if n - p < LOG_OVERHEAD_C:
+            _raise_status(ST_TRUNCATED, h.position, file, "inside a compressed wrapper")
+        ioff = rd_i64(ib + p)
+        isize = rd_i32(ib + p + 8)
+        if isize < MIN_SIZE_FIELD or isize > n - p - LOG_OVERHEAD_C:
+            _raise_status(ST_TRUNCATED, h.position, file, "inner message size")
+        iend = p + LOG_OVERHEAD_C + isize
+        st = _legacy_message(ib, p + LOG_OVERHEAD_C, iend, &imagic, &iattrs, &its, &klen, &kpos,
+                             &vlen, &vpos)
+        _raise_status(st, h.position, file, "inside a compressed wrapper")
+        icrc = rd_u32(ib + p + LOG_OVERHEAD_C)
+        if validate_crc and (zlib.crc32(inner[p + 16:iend]) & 0xFFFFFFFF) != icrc:
+            _raise_status(ST_CRC, h.position, file, "inner message")
+        entries.append((ioff, its, iattrs, _bytes_or_none(ib, kpos, klen),
+                        _bytes_or_none(ib, vpos, vlen), icrc, klen, vlen))
+        p = iend
+    if not entries:
+        return 0
+    last_rel = entries[-1][0]
+    for ioff_o, its_o, iattrs_o, key, value, icrc_o, kl, vl in entries:
+        # v1 inner offsets are relative to the wrapper's last offset; v0 ones are absolute.
+        offset = wrapper_offset - last_rel + ioff_o if magic == 1 else ioff_o
+        if magic == 1 and (attrs & 0x08):
+            rts, rtype = ts, 1
+        elif magic == 1:
+            rts, rtype = its_o, 0
+        else:
+            rts, rtype = -1, -1
+        if lo <= offset < hi and len(out) < limit:
+            out.append(_new_record(topic, partition, None, offset, rts, rtype, key, value, [],
+                                   icrc_o, kl, vl, -1))
+    return 0
+
+
+def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_offset=None,
+                   max_records=None, bint validate_crc=True, bint include_control=False,
+                   topic=None, partition=None, file=None):
+    """Records with ``min_offset <= offset < end_offset`` as ConsumerRecord namedtuples."""
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
+    cdef int64_t lo = _opt_i64(min_offset, -INT64_MAX_C - 1)
+    cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C)
+    cdef Py_ssize_t limit = INT64_MAX_C if max_records is None else max_records
+    if limit < 0:
+        raise ValueError(f"max_records must be >= 0, got {max_records}")
+    cdef _Scan scan = _scan(buf, view, start, e, validate_crc, -1)
+    _raise_status(scan.status, scan.error_pos, file)
+    cdef _Regions regs = _regions(buf, view, scan, lo, hi, include_control, file)
+    cdef list out = []
+    cdef Py_ssize_t i, r = 0
+    cdef HeaderVec* vec = &scan.headers.vec
+    mv = None
+    for i in range(vec.n):
+        if len(out) >= limit:
+            break
+        if r < regs.n and regs.items[r].batch == i:
+            _decode_region_records(out, &regs.items[r], &vec.items[i], lo, hi, limit, topic,
+                                   partition, file)
+            r += 1
+        elif vec.items[i].magic < 2 and vec.items[i].last_offset >= lo:
+            if mv is None:
+                mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
+            _decode_legacy(out, mv, _ptr(view), &vec.items[i], lo, hi, limit, validate_crc,
+                           topic, partition, file)
+    return out

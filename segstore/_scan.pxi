@@ -1,0 +1,190 @@
+# Scanning batch boundaries and headers (REF §1.11) and CRC checks.
+# Included by _core.pyx; shares its namespace.
+
+cdef int _vec_push(HeaderVec* vec, BatchHeader* h) noexcept nogil:
+    cdef Py_ssize_t cap
+    cdef BatchHeader* items
+    if vec.n == vec.cap:
+        cap = 64 if vec.cap == 0 else vec.cap * 2
+        items = <BatchHeader*>realloc(vec.items, cap * sizeof(BatchHeader))
+        if items == NULL:
+            return ST_NO_MEMORY
+        vec.items = items
+        vec.cap = cap
+    vec.items[vec.n] = h[0]
+    vec.n += 1
+    return ST_OK
+
+
+cdef int scan_one(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end,
+                  BatchHeader* h) noexcept nogil:
+    """Read the batch header at `pos` (REF §1.11 file rules). ST_END for end or torn tail."""
+    cdef int32_t size_field
+    cdef int64_t total
+    cdef int8_t magic
+    cdef const uint8_t* p = b + pos
+    if end - pos < HEADER_UP_TO_MAGIC:
+        return ST_END
+    size_field = rd_i32(p + 8)
+    if size_field < MIN_SIZE_FIELD:
+        return ST_SIZE_TOO_SMALL
+    total = <int64_t>size_field + LOG_OVERHEAD_C
+    if total > end - pos:
+        return ST_END
+    magic = <int8_t>p[16]
+    h.position = pos
+    h.size = <int32_t>total
+    h.magic = magic
+    if magic == 2:
+        if total < V2_HEADER_C:
+            return ST_V2_TOO_SMALL
+        h.base_offset = rd_i64(p)
+        h.partition_leader_epoch = rd_i32(p + 12)
+        h.crc = rd_u32(p + 17)
+        h.attributes = rd_i16(p + 21)
+        h.last_offset_delta = rd_i32(p + 23)
+        h.base_timestamp = rd_i64(p + 27)
+        h.max_timestamp = rd_i64(p + 35)
+        h.producer_id = rd_i64(p + 43)
+        h.producer_epoch = rd_i16(p + 51)
+        h.base_sequence = rd_i32(p + 53)
+        h.records_count = rd_i32(p + 57)
+        h.last_offset = h.base_offset + h.last_offset_delta
+        return ST_OK
+    if magic == 0 or magic == 1:
+        if size_field < (MIN_SIZE_FIELD if magic == 0 else V1_MIN_SIZE):
+            return ST_LEGACY_SIZE
+        h.last_offset = rd_i64(p)
+        h.partition_leader_epoch = -1
+        h.crc = rd_u32(p + 12)
+        h.attributes = p[17]
+        if magic == 1:
+            h.base_timestamp = rd_i64(p + 18)
+        else:
+            h.base_timestamp = -1
+        h.max_timestamp = h.base_timestamp
+        h.producer_id = -1
+        h.producer_epoch = -1
+        h.base_sequence = -1
+        if (p[17] & 0x07) == 0:
+            h.base_offset = h.last_offset
+            h.records_count = 1
+        else:
+            h.base_offset = -1  # first inner offset unknown without decompressing
+            h.records_count = -1
+        h.last_offset_delta = 0
+        return ST_OK
+    return ST_BAD_MAGIC
+
+
+cdef int scan_into(const uint8_t* b, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_batches,
+                   HeaderVec* vec, Py_ssize_t* stop) noexcept nogil:
+    """Append every complete batch header in [start, end) to vec; `stop` = where scanning ended."""
+    cdef Py_ssize_t pos = start
+    cdef BatchHeader h
+    cdef int st
+    while max_batches < 0 or vec.n < max_batches:
+        st = scan_one(b, pos, end, &h)
+        if st != ST_OK:
+            stop[0] = pos
+            return st
+        st = _vec_push(vec, &h)
+        if st != ST_OK:
+            stop[0] = pos
+            return st
+        pos += h.size
+    stop[0] = pos
+    return ST_OK
+
+
+@cython.final
+cdef class _Headers:
+    """Owner of a C array of scanned batch headers."""
+    cdef HeaderVec vec
+
+    def __dealloc__(self):
+        free(self.vec.items)
+
+    cdef object to_numpy(self):
+        arr = np.empty(self.vec.n, dtype=BATCH_DTYPE)
+        cdef uint8_t[::1] dst
+        if self.vec.n:
+            dst = arr.view(np.uint8)
+            memcpy(&dst[0], self.vec.items, self.vec.n * sizeof(BatchHeader))
+        return arr
+
+
+cdef inline bint _crc_ok(object mv, BatchHeader* h):
+    # v2: CRC-32C over [attributes, end); v0/v1: CRC-32 (zlib) over [magic, end).
+    if h.magic >= 2:
+        return _crc32c_pkg(mv[h.position + 21:h.position + h.size]) == h.crc
+    return (zlib.crc32(mv[h.position + 16:h.position + h.size]) & 0xFFFFFFFF) == h.crc
+
+
+cdef class _Scan:
+    """Headers of the batches in a buffer range, after the file-scan and (optional) CRC rules."""
+    cdef _Headers headers
+    cdef Py_ssize_t valid_end
+    cdef bint torn
+    cdef int status
+    cdef Py_ssize_t error_pos
+
+
+cdef _Scan _scan(object obj, const uint8_t[::1] view, Py_ssize_t start, Py_ssize_t end,
+                 bint validate_crc, Py_ssize_t max_batches):
+    cdef _Scan s = _Scan.__new__(_Scan)
+    s.headers = _Headers.__new__(_Headers)
+    cdef const uint8_t* b = _ptr(view)
+    cdef Py_ssize_t stop = start
+    cdef int st
+    with nogil:
+        st = scan_into(b, start, end, max_batches, &s.headers.vec, &stop)
+    s.valid_end = stop
+    s.torn = st == ST_END and stop < end
+    s.status = ST_OK if st == ST_END else st
+    s.error_pos = stop
+    if s.status == ST_NO_MEMORY:
+        raise MemoryError("segstore: out of memory while scanning batches")
+    cdef Py_ssize_t i
+    cdef object mv
+    if validate_crc and s.headers.vec.n:
+        mv = memoryview(obj).cast("B") if not isinstance(obj, memoryview) else obj.cast("B")
+        for i in range(s.headers.vec.n):
+            if not _crc_ok(mv, &s.headers.vec.items[i]):
+                s.status = ST_CRC
+                s.error_pos = s.headers.vec.items[i].position
+                s.valid_end = s.error_pos
+                s.torn = False
+                s.headers.vec.n = i
+                break
+    return s
+
+
+def scan_batches(buf, Py_ssize_t start=0, end=None, *, bint validate_crc=False,
+                 bint raise_on_corrupt=True, max_batches=None, file=None):
+    """Walk batch boundaries from ``start`` without decoding records (REF §1.11 file rules).
+
+    Returns ScanResult(batches, valid_end, torn, error); see _core.pyi.
+    """
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
+    cdef Py_ssize_t mb = -1 if max_batches is None else max_batches
+    cdef _Scan s = _scan(buf, view, start, e, validate_crc, mb)
+    error = None
+    if s.status != ST_OK:
+        error = _status_error(s.status, s.error_pos, file)
+        if raise_on_corrupt:
+            raise error
+    return ScanResult(s.headers.to_numpy(), s.valid_end, s.torn, error)
+
+
+def set_base_offset(buf, Py_ssize_t position, int64_t base_offset, partition_leader_epoch=None):
+    """Rewrite a v2 batch's baseOffset (and leader epoch) in place; the CRC covers neither."""
+    cdef uint8_t[::1] view = buf
+    if position < 0 or position + V2_HEADER_C > view.shape[0]:
+        raise ValueError(f"no v2 batch header at position {position}")
+    if view[position + 16] != 2:
+        raise ValueError(f"batch at position {position} is not magic 2")
+    wr_i64(&view[position], base_offset)
+    if partition_leader_epoch is not None:
+        wr_i32(&view[position + 12], <int32_t>partition_leader_epoch)
