@@ -1,0 +1,157 @@
+"""Opening a partition directory: Kafka's LogLoader phases (REF §4.2).
+
+Temp files first (``.deleted`` removed, ``.swap`` at or above the lowest ``.cleaned`` discarded,
+``.cleaned`` removed), then interrupted swaps completed, orphan indexes removed, segments opened,
+and segments recovered: every segment after an unclean shutdown from the recovery point on, and
+any segment whose index files are missing or fail the sanity check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from .errors import CorruptIndexError
+from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,
+                      TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment)
+
+log = logging.getLogger("segstore.loader")
+_INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+
+
+@dataclass
+class LoadResult:
+    """What loading found: the open segments (sorted) and what recovery did."""
+
+    segments: list
+    recovered_segments: int = 0
+    truncated_bytes: int = 0
+    deleted_segments: list = field(default_factory=list)
+
+
+def _base_offset(name: str) -> int:
+    return int(name.split(".", 1)[0])
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def clean_temp_files(directory: str) -> None:
+    """Phases 1-4: drop deleted/cleaned leftovers and finish interrupted swaps."""
+    names = sorted(os.listdir(directory))
+    cleaned = [n for n in names if n.endswith(CLEANED_SUFFIX)]
+    swaps = [n for n in names if n.endswith(SWAP_SUFFIX)]
+    for n in names:
+        if n.endswith(DELETED_SUFFIX) and not n.endswith(".checkpoint.deleted"):
+            _remove(os.path.join(directory, n))
+    min_cleaned = min((_base_offset(n) for n in cleaned), default=None)
+    if min_cleaned is not None:
+        for n in list(swaps):
+            if _base_offset(n) >= min_cleaned:  # part of a replace that never finished step 2
+                _remove(os.path.join(directory, n))
+                swaps.remove(n)
+    for n in cleaned:
+        _remove(os.path.join(directory, n))
+    log_swaps = [n for n in swaps if n.endswith(LOG_SUFFIX + SWAP_SUFFIX)]
+    if log_swaps:
+        from ._core import scan_batches
+        lo = min(_base_offset(n) for n in log_swaps)
+        hi = lo
+        for n in log_swaps:
+            with open(os.path.join(directory, n), "rb") as f:
+                data = f.read()
+            b = scan_batches(data, raise_on_corrupt=False).batches
+            hi = max(hi, int(b["last_offset"][-1]) + 1 if len(b) else _base_offset(n))
+        for n in os.listdir(directory):
+            if n.endswith(SWAP_SUFFIX) or not n[:1].isdigit():
+                continue
+            try:
+                if lo <= _base_offset(n) < hi:
+                    _remove(os.path.join(directory, n))
+            except ValueError:
+                continue
+    for n in swaps:
+        p = os.path.join(directory, n)
+        if os.path.exists(p):
+            os.replace(p, p[:-len(SWAP_SUFFIX)])
+
+
+def load_segments(directory: str, config, clock, *, recovery_point: int,
+                  had_clean_shutdown: bool, log_start_offset: int) -> LoadResult:
+    """Open (and where needed recover) every segment of a writable partition directory."""
+    clean_temp_files(directory)
+    names = os.listdir(directory)
+    logs = sorted(_base_offset(n) for n in names if n.endswith(LOG_SUFFIX))
+    log_set = set(logs)
+    for n in names:
+        if n.endswith(_INDEX_SUFFIXES) and n[:1].isdigit() and _base_offset(n) not in log_set:
+            _remove(os.path.join(directory, n))  # orphaned index
+    result = LoadResult(segments=[])
+    for base in logs:
+        index_missing = not os.path.exists(os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}"))
+        seg = LogSegment(directory, base, config, clock)
+        needs = index_missing or seg.offset_index.entries * 8 != seg.offset_index.file_size
+        if not needs:
+            try:
+                seg.offset_index.sanity_check(seg.size)
+                seg.time_index.sanity_check()
+            except CorruptIndexError as e:
+                log.warning("rebuilding indexes of %s: %s", seg.log_path, e)
+                needs = True
+        if needs:
+            result.truncated_bytes += recover_segment(seg, config)
+            result.recovered_segments += 1
+        result.segments.append(seg)
+    if not had_clean_shutdown:
+        segs = result.segments
+        start = 0
+        for i, s in enumerate(segs):
+            if s.base_offset <= recovery_point:
+                start = i
+        for i in range(start, len(segs)):
+            lost = recover_segment(segs[i], config)
+            result.recovered_segments += 1
+            result.truncated_bytes += lost
+            if lost > 0:
+                for later in segs[i + 1:]:
+                    log.warning("deleting %s after an unclean shutdown truncated %s",
+                                later.log_path, segs[i].log_path)
+                    later.delete_files()
+                    result.deleted_segments.append(later.base_offset)
+                del segs[i + 1:]
+                break
+    if result.segments and result.segments[-1].read_next_offset() < log_start_offset:
+        for s in result.segments:
+            s.delete_files()
+        result.segments = []
+    if not result.segments:
+        result.segments.append(LogSegment(directory, log_start_offset, config, clock))
+    active = result.segments[-1]
+    active.offset_index.resize(config.segment_index_bytes)
+    active.time_index.resize(config.segment_index_bytes)
+    return result
+
+
+def recover_segment(seg: LogSegment, config) -> int:
+    """REF §4.3: keep the CRC-valid prefix, rebuild both indexes; returns bytes removed."""
+    size = os.fstat(seg._fd).st_size
+    seg.size = size
+    res = seg.scan(0, size, validate_crc=True, raise_on_corrupt=False)
+    batches = res.batches
+    valid_end = res.valid_end
+    if len(batches):
+        rel = batches["last_offset"] - seg.base_offset
+        bad = (rel < 0) | (rel > 0x7FFFFFFF) | (batches["base_offset"] < seg.base_offset)
+        if bad.any():
+            first_bad = int(bad.argmax())
+            valid_end = int(batches["position"][first_bad])
+            batches = batches[:first_bad]
+    if res.error is not None:
+        log.warning("recovering %s: %s; truncating to %d bytes", seg.log_path, res.error, valid_end)
+    seg.rebuild_indexes(batches)
+    return seg.truncate_bytes(valid_end)

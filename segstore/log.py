@@ -1,0 +1,643 @@
+"""PartitionLog: one partition's ordered, offset-addressed log of segments (Kafka's UnifiedLog).
+
+Mutations (append, roll, truncate, delete, replace) hold the log's lock. Readers never take it:
+they read ``self._state``, an immutable snapshot of (segments, log start offset, log end
+offset) that a writer replaces in one assignment after each change (copy-on-write, REF §3.1).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterator, NamedTuple, Optional
+
+import numpy as np
+
+from . import _core
+from .checkpoint import fsync_dir
+from .columns import BinaryColumn, RecordColumns
+from .compression import codec_id
+from .errors import (InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
+                     ReadOnlyStoreError, RecordTooLargeError, StoreClosedError)
+from .loader import load_segments
+from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
+                      OffsetAndTimestamp, RecordMetadata, TopicPartition)
+from .segment import DELETED_SUFFIX, LOG_SUFFIX, LogSegment
+
+
+class AppendInfo(NamedTuple):
+    """What one append wrote (Kafka's LogAppendInfo, trimmed)."""
+
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    num_records: int
+    size_bytes: int
+
+
+class _State(NamedTuple):
+    segments: tuple
+    log_start_offset: int
+    log_end_offset: int
+
+
+class PartitionLog:
+    """The log of one topic partition in ``directory`` (``<topic>-<partition>``).
+
+    Created by :class:`segstore.store.LogStore`; ``config`` is the topic's TopicConfig,
+    ``clock`` returns milliseconds, ``delete_later`` schedules a renamed ``.deleted`` segment for
+    physical deletion after ``file.delete.delay.ms``.
+    """
+
+    def __init__(self, directory: str, topic: str, partition: int, config, clock, *,
+                 readonly: bool = False, recovery_point: int = 0, log_start_offset: int = 0,
+                 had_clean_shutdown: bool = True, delete_later=None):
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.topic_partition = TopicPartition(topic, partition)
+        self.config = config
+        self.clock = clock
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        self._closed = False
+        self._delete_later = delete_later or (lambda seg: seg.delete_files())
+        self.last_flush_ms = clock()
+        if readonly:
+            self.recovery_point = 0
+            self._ro_start = log_start_offset
+            self._state = _State((), log_start_offset, log_start_offset)
+            self._refresh()
+            return
+        os.makedirs(directory, exist_ok=True)
+        loaded = load_segments(directory, config, clock, recovery_point=recovery_point,
+                               had_clean_shutdown=had_clean_shutdown,
+                               log_start_offset=log_start_offset)
+        self.load_result = loaded
+        segs = tuple(loaded.segments)
+        leo = segs[-1].read_next_offset()
+        start = max(log_start_offset, segs[0].base_offset)
+        self.recovery_point = leo if had_clean_shutdown else min(recovery_point, leo)
+        self._state = _State(segs, min(start, leo), leo)
+
+    # -- snapshot accessors -----------------------------------------------------------------
+    @property
+    def segments(self) -> tuple:
+        """The segments, oldest first (an immutable snapshot)."""
+        self._refresh()
+        return self._state.segments
+
+    @property
+    def active_segment(self) -> LogSegment:
+        """The last segment, the one appends go to."""
+        return self.segments[-1]
+
+    @property
+    def log_start_offset(self) -> int:
+        """First offset exposed to readers."""
+        self._refresh()
+        return self._state.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The next offset to be assigned."""
+        self._refresh()
+        return self._state.log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """Equals the log end offset: a single-node log has no replicas to wait for."""
+        return self.log_end_offset
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of every segment's log file."""
+        return sum(s.size for s in self.segments)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"log {self.topic}-{self.partition} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyStoreError(f"log {self.topic}-{self.partition} is open read-only")
+
+    # -- appending --------------------------------------------------------------------------
+    def append(self, value, key=None, headers=None, timestamp_ms=None) -> RecordMetadata:
+        """Append one record; returns where it landed (kafka-python's RecordMetadata)."""
+        info = self.append_batch([value], None if key is None else [key],
+                                 None if headers is None else [headers],
+                                 None if timestamp_ms is None else [timestamp_ms])
+        hsize = sum(len(k.encode()) + (len(v) if v is not None else 0)
+                    for k, v in headers) if headers else -1
+        return RecordMetadata(self.topic, self.partition, self.topic_partition, info.first_offset,
+                              info.max_timestamp, None, -1 if key is None else len(key),
+                              -1 if value is None else len(value), hsize, self.log_start_offset)
+
+    def append_batch(self, values, keys=None, headers=None, timestamps_ms=None, *,
+                     compression=None, producer_id: int = -1, producer_epoch: int = -1,
+                     base_sequence: int = -1, is_transactional: bool = False) -> AppendInfo:
+        """Append records from Python lists as one batch (offsets assigned by the log)."""
+        self._check_writable()
+        if timestamps_ms is None:
+            timestamps_ms = self.clock()
+        data = _core.encode_batch(
+            values, keys, headers, timestamps_ms, compression=self._codec(compression),
+            producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+            is_transactional=is_transactional, partition_leader_epoch=0)
+        return self._append_encoded(bytearray(data))
+
+    def append_columns(self, values: BinaryColumn, keys: Optional[BinaryColumn] = None,
+                       timestamps_ms=None, *, records_per_batch: int = 4096,
+                       compression=None) -> AppendInfo:
+        """Append numpy columns, encoded in one compiled pass into batches of up to
+        ``records_per_batch`` records and ``max.message.bytes`` bytes."""
+        self._check_writable()
+        if not isinstance(values, BinaryColumn) or (keys is not None and not isinstance(keys, BinaryColumn)):
+            raise InvalidRecordError("append_columns takes BinaryColumn values and keys")
+        if len(values) == 0:
+            raise InvalidRecordError("append_columns needs at least one record")
+        if timestamps_ms is None:
+            timestamps_ms = self.clock()
+        enc = _core.encode_columns(values, keys, timestamps_ms,
+                                   records_per_batch=records_per_batch,
+                                   max_batch_bytes=self.config.max_message_bytes,
+                                   compression=self._codec(compression), partition_leader_epoch=0)
+        return self._append_encoded(bytearray(enc.data), enc.batches)
+
+    def append_control(self, control_type: int, *, producer_id: int, producer_epoch: int,
+                       coordinator_epoch: int = 0) -> AppendInfo:
+        """Append a transaction marker (ControlRecordType.COMMIT or ABORT)."""
+        self._check_writable()
+        data = _core.encode_control_batch(control_type, producer_id=producer_id,
+                                          producer_epoch=producer_epoch,
+                                          coordinator_epoch=coordinator_epoch,
+                                          timestamp_ms=self.clock(), partition_leader_epoch=0)
+        return self._append_encoded(bytearray(data))
+
+    def append_records(self, data) -> AppendInfo:
+        """Append already-encoded v2 batches (e.g. staged by a Spark task).
+
+        CRCs are validated; base offsets are rewritten to the log's next offsets (they are not
+        covered by the CRC); anything else is rejected.
+        """
+        self._check_writable()
+        buf = bytearray(data)
+        res = _core.scan_batches(buf, validate_crc=True)
+        if res.torn or res.valid_end != len(buf):
+            raise InvalidRecordError("appended data ends with an incomplete batch")
+        if len(res.batches) and (res.batches["magic"] != 2).any():
+            raise InvalidRecordError("only record batch v2 (magic 2) can be appended")
+        return self._append_encoded(buf, res.batches)
+
+    def _codec(self, compression) -> int:
+        if compression is None:
+            ct = self.config.compression_type
+            compression = 0 if ct in ("producer", "uncompressed") else ct
+        return codec_id(compression)
+
+    def _append_encoded(self, buf: bytearray, batches: Optional[np.ndarray] = None) -> AppendInfo:
+        if batches is None:
+            batches = _core.scan_batches(buf).batches
+        else:
+            batches = batches.copy()
+        if len(batches) == 0:
+            raise InvalidRecordError("nothing to append")
+        sizes = batches["size"].astype(np.int64)
+        too_big = sizes > self.config.max_message_bytes
+        if too_big.any():
+            raise RecordTooLargeError(
+                f"batch of {int(sizes[too_big][0])} bytes exceeds max.message.bytes="
+                f"{self.config.max_message_bytes}")
+        if (sizes > self.config.segment_bytes).any():
+            raise RecordTooLargeError(
+                f"batch larger than segment.bytes={self.config.segment_bytes}")
+        log_append = self.config.message_timestamp_type == "LogAppendTime"
+        with self._lock:
+            self._check_writable()
+            now = self.clock()
+            leo = self._state.log_end_offset
+            # Assign offsets: rewrite each batch's baseOffset (outside the CRC).
+            deltas = batches["last_offset"] - batches["base_offset"]
+            counts = deltas + 1
+            new_base = leo + np.concatenate(([0], np.cumsum(counts)[:-1]))
+            for i in range(len(batches)):
+                _core.set_base_offset(buf, int(batches["position"][i]), int(new_base[i]), 0)
+            batches["base_offset"] = new_base
+            batches["last_offset"] = new_base + deltas
+            if log_append:
+                buf, batches = self._stamp_log_append_time(buf, batches, now)
+            first = int(batches["base_offset"][0])
+            last = int(batches["last_offset"][-1])
+            i, n = 0, len(batches)
+            ends = np.cumsum(batches["size"].astype(np.int64))
+            while i < n:
+                seg = self._state.segments[-1]
+                start_byte = int(ends[i - 1]) if i else 0
+                room = self.config.segment_bytes - seg.size
+                fit = int(np.searchsorted(ends[i:] - start_byte, room, side="right"))
+                j = i + max(fit, 0)
+                if j == i and seg.size == 0:
+                    j = i + 1
+                group = batches[i:j] if j > i else batches[i:i + 1]
+                incoming = int(ends[j - 1] - start_byte) if j > i else int(batches["size"][i])
+                if j == i or seg.should_roll(incoming, int(group["max_timestamp"].max()),
+                                             int(group["last_offset"][-1]),
+                                             self._max_segment_ms(), now):
+                    self._roll_locked(int(batches["base_offset"][i]))
+                    continue
+                chunk = memoryview(buf)[start_byte:start_byte + incoming]
+                group = group.copy()
+                group["position"] -= start_byte
+                seg.append(chunk, group)
+                self._state = _State(self._state.segments, self._state.log_start_offset,
+                                     int(group["last_offset"][-1]) + 1)
+                i = j
+            self._maybe_flush_locked(now)
+        return AppendInfo(first, last, int(batches["max_timestamp"].max()),
+                          int(batches["records_count"].sum()), len(buf))
+
+    def _stamp_log_append_time(self, buf, batches, now):
+        # LogAppendTime: set attribute bit 3 and maxTimestamp, then a fresh CRC (REF §3.2).
+        out = bytearray()
+        for b in batches:
+            pos, size = int(b["position"]), int(b["size"])
+            recs = _core.decode_records(memoryview(buf)[pos:pos + size], validate_crc=False,
+                                        include_control=bool(b["attributes"] & 0x20))
+            enc = _core.encode_batch(
+                [r.value for r in recs], [r.key for r in recs], [r.headers for r in recs],
+                [r.timestamp for r in recs], base_offset=int(b["base_offset"]),
+                compression=int(b["attributes"]) & 7, log_append_time_ms=now,
+                producer_id=int(b["producer_id"]), producer_epoch=int(b["producer_epoch"]),
+                base_sequence=int(b["base_sequence"]),
+                is_transactional=bool(b["attributes"] & 0x10), partition_leader_epoch=0,
+                offset_deltas=[r.offset - int(b["base_offset"]) for r in recs])
+            out += enc
+        res = _core.scan_batches(out)
+        return out, res.batches
+
+    def _max_segment_ms(self) -> int:
+        c = self.config
+        if c.compact and 0 < c.max_compaction_lag_ms < c.segment_ms:
+            return c.max_compaction_lag_ms
+        return c.segment_ms
+
+    # -- rolling and flushing ---------------------------------------------------------------
+    def roll(self) -> LogSegment:
+        """Start a new active segment at the log end offset (no-op if the active one is empty)."""
+        self._check_writable()
+        with self._lock:
+            return self._roll_locked(self._state.log_end_offset)
+
+    def _roll_locked(self, expected_next_offset: int) -> LogSegment:
+        st = self._state
+        active = st.segments[-1]
+        new_base = max(expected_next_offset, st.log_end_offset)
+        if active.size == 0 and active.base_offset == new_base:
+            return active
+        if active.base_offset == new_base:  # empty active segment at the same base (KAFKA-6388)
+            segs = st.segments[:-1]
+            active.delete_files()
+        else:
+            active.on_become_inactive()
+            segs = st.segments
+        seg = LogSegment(self.directory, new_base, self.config, self.clock,
+                         preallocate=self.config.preallocate)
+        self._state = _State(segs + (seg,), st.log_start_offset, st.log_end_offset)
+        fsync_dir(self.directory)
+        self._flush_locked(new_base)  # Kafka flushes the old segments after a roll
+        return seg
+
+    def flush(self, offset: Optional[int] = None) -> None:
+        """fsync every segment holding offsets below ``offset`` (default: the log end)."""
+        self._check_writable()
+        with self._lock:
+            self._flush_locked(self._state.log_end_offset if offset is None else offset)
+
+    def _flush_locked(self, offset: int) -> None:
+        if offset <= self.recovery_point:
+            return
+        segs = self._state.segments
+        new_files = False
+        for i, s in enumerate(segs):
+            nxt = segs[i + 1].base_offset if i + 1 < len(segs) else None
+            if nxt is not None and nxt <= self.recovery_point:
+                continue
+            if s.base_offset >= offset and s is not segs[-1]:
+                break
+            s.flush()
+            new_files |= s.base_offset >= self.recovery_point
+        if new_files:
+            fsync_dir(self.directory)
+        self.recovery_point = max(self.recovery_point, min(offset, self._state.log_end_offset))
+        self.last_flush_ms = self.clock()
+
+    def _maybe_flush_locked(self, now: int) -> None:
+        c = self.config
+        if (self._state.log_end_offset - self.recovery_point >= c.flush_messages
+                or now - self.last_flush_ms >= c.flush_ms):
+            self._flush_locked(self._state.log_end_offset)
+
+    def maybe_flush(self) -> None:
+        """Flush if ``flush.ms`` has passed since the last flush (the periodic flusher)."""
+        if self.readonly or self._closed:
+            return
+        with self._lock:
+            self._maybe_flush_locked(self.clock())
+
+    # -- reading ----------------------------------------------------------------------------
+    def _check_read_offset(self, offset: int, st: _State) -> None:
+        if not isinstance(offset, (int, np.integer)) or isinstance(offset, bool):
+            raise TypeError(f"offset must be an int, not {type(offset).__name__}")
+        if offset < st.log_start_offset or offset > st.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {self.topic}-{self.partition}: log start "
+                f"offset {st.log_start_offset}, log end offset {st.log_end_offset}")
+
+    def _segments_from(self, st: _State, offset: int):
+        segs = st.segments
+        bases = [s.base_offset for s in segs]
+        import bisect
+        i = max(bisect.bisect_right(bases, offset) - 1, 0)
+        return segs[i:]
+
+    def read(self, offset: int, max_records: Optional[int] = None,
+             max_bytes: int = 1 << 20) -> list[ConsumerRecord]:
+        """Records from ``offset`` on, at most ``max_bytes`` of batches (at least one batch)
+        and ``max_records`` records; [] at the log end. Kafka's out-of-range rules apply."""
+        self._check_open()
+        self._refresh()
+        st = self._state
+        self._check_read_offset(offset, st)
+        if offset == st.log_end_offset or max_records == 0:
+            return []
+        out: list = []
+        budget = max_bytes
+        for seg in self._segments_from(st, offset):
+            rng = seg.read_range(offset, budget, min_one_message=not out)
+            if rng is None:
+                continue
+            buf, start, end = rng
+            recs = _core.decode_records(
+                buf, start, end, min_offset=offset, end_offset=st.log_end_offset,
+                max_records=None if max_records is None else max_records - len(out),
+                topic=self.topic, partition=self.partition, file=seg.log_path)
+            out.extend(recs)
+            budget -= end - start
+            if budget <= 0 or (max_records is not None and len(out) >= max_records):
+                break
+            if recs:
+                offset = recs[-1].offset + 1
+        return out
+
+    def read_columns(self, offset: Optional[int] = None, end_offset: Optional[int] = None,
+                     max_records: Optional[int] = None,
+                     include_headers: bool = False) -> RecordColumns:
+        """Records in [offset, end_offset) as numpy columns, one compiled pass per segment."""
+        self._check_open()
+        self._refresh()
+        st = self._state
+        offset = st.log_start_offset if offset is None else offset
+        self._check_read_offset(offset, st)
+        end = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
+        parts = []
+        remaining = max_records
+        for seg in self._segments_from(st, offset):
+            if seg.base_offset >= end or (remaining is not None and remaining <= 0):
+                break
+            first = seg.translate_offset(offset)
+            if first is None:
+                continue
+            cols = _core.decode_columns(seg.buffer(), int(first["position"]), seg.size,
+                                        min_offset=offset, end_offset=end,
+                                        max_records=remaining, include_headers=include_headers,
+                                        topic=self.topic, partition=self.partition,
+                                        file=seg.log_path)
+            if len(cols):
+                parts.append(cols)
+                if remaining is not None:
+                    remaining -= len(cols)
+        return _concat_columns(parts, include_headers, self.topic, self.partition)
+
+    def iter_records(self, start_offset: Optional[int] = None,
+                     end_offset: Optional[int] = None) -> Iterator[ConsumerRecord]:
+        """Every record in [start_offset, end_offset), batch by batch."""
+        offset = self.log_start_offset if start_offset is None else start_offset
+        end = self.log_end_offset if end_offset is None else end_offset
+        while offset < end:
+            recs = self.read(offset, max_bytes=1 << 20)
+            if not recs:
+                return
+            for r in recs:
+                if r.offset >= end:
+                    return
+                yield r
+            offset = recs[-1].offset + 1
+
+    def offset_for_time(self, timestamp_ms: int) -> Optional[OffsetAndTimestamp]:
+        """Kafka's ListOffsets for one partition (REF §3.7), including -1, -2 and -3."""
+        self._check_open()
+        self._refresh()
+        st = self._state
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return OffsetAndTimestamp(st.log_start_offset, -1, None)
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return OffsetAndTimestamp(st.log_end_offset, -1, None)
+        if timestamp_ms == MAX_TIMESTAMP:
+            return self._max_timestamp_offset(st)
+        if timestamp_ms < 0:
+            raise InvalidOffsetError(f"unsupported timestamp {timestamp_ms}")
+        for seg in st.segments:
+            if seg.size == 0 or seg.largest_timestamp < timestamp_ms:
+                continue
+            _, off = seg.time_index.lookup(timestamp_ms)
+            start = max(off, st.log_start_offset)
+            first = seg.translate_offset(start)
+            if first is None:
+                continue
+            b = seg.scan(int(first["position"])).batches
+            for row in b[b["max_timestamp"] >= timestamp_ms]:
+                for r in _core.decode_records(seg.buffer(), int(row["position"]),
+                                              int(row["position"] + row["size"]),
+                                              min_offset=st.log_start_offset):
+                    if r.timestamp >= timestamp_ms:
+                        return OffsetAndTimestamp(r.offset, r.timestamp, None)
+        return None
+
+    def _max_timestamp_offset(self, st: _State) -> Optional[OffsetAndTimestamp]:
+        best = None
+        for seg in st.segments:
+            if seg.size and (best is None or seg.max_timestamp_so_far > best.max_timestamp_so_far):
+                best = seg
+        if best is None:
+            return None
+        ts = best.max_timestamp_so_far
+        b = best.scan().batches
+        for row in b[b["max_timestamp"] == ts]:
+            for r in _core.decode_records(best.buffer(), int(row["position"]),
+                                          int(row["position"] + row["size"])):
+                if r.timestamp == ts:
+                    return OffsetAndTimestamp(r.offset, ts, None)
+        return OffsetAndTimestamp(int(b[b["max_timestamp"] == ts]["last_offset"][0]), ts, None)
+
+    # -- truncation and deletion ------------------------------------------------------------
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record at or above ``offset`` (the whole batch holding it)."""
+        self._check_writable()
+        if offset < 0:
+            raise InvalidOffsetError(f"cannot truncate to a negative offset {offset}")
+        with self._lock:
+            st = self._state
+            if offset >= st.log_end_offset:
+                return
+            if st.segments[0].base_offset > offset:
+                self._truncate_fully_locked(offset, offset)
+                return
+            keep = tuple(s for s in st.segments if s.base_offset <= offset)
+            for s in st.segments[len(keep):]:
+                self._retire(s)
+            keep[-1].truncate_to(offset)
+            keep[-1].offset_index.resize(self.config.segment_index_bytes)
+            leo = keep[-1].read_next_offset()
+            self._state = _State(keep, min(st.log_start_offset, leo), leo)
+            self.recovery_point = min(self.recovery_point, leo)
+
+    def truncate_fully_and_start_at(self, new_offset: int) -> None:
+        """Delete every segment and start an empty log at ``new_offset``."""
+        self._check_writable()
+        if new_offset < 0:
+            raise InvalidOffsetError(f"cannot start a log at a negative offset {new_offset}")
+        with self._lock:
+            self._truncate_fully_locked(new_offset, new_offset)
+
+    def _truncate_fully_locked(self, new_offset: int, log_start: int) -> None:
+        for s in self._state.segments:
+            self._retire(s)
+        seg = LogSegment(self.directory, new_offset, self.config, self.clock,
+                         preallocate=self.config.preallocate)
+        self._state = _State((seg,), log_start, new_offset)
+        self.recovery_point = new_offset
+        fsync_dir(self.directory)
+
+    def delete_records(self, before_offset: int) -> int:
+        """Raise the log start offset to ``before_offset`` (Kafka's DeleteRecords)."""
+        self._check_writable()
+        with self._lock:
+            st = self._state
+            if before_offset > st.log_end_offset or before_offset < 0:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records before {before_offset}: log end offset is "
+                    f"{st.log_end_offset}")
+            if before_offset > st.log_start_offset:
+                self._state = _State(st.segments, before_offset, st.log_end_offset)
+            return self._state.log_start_offset
+
+    def delete_segments(self, segments, new_log_start: Optional[int] = None) -> None:
+        """Remove segments from the log (retention), renaming their files ``.deleted``."""
+        self._check_writable()
+        with self._lock:
+            st = self._state
+            gone = {id(s) for s in segments}
+            keep = tuple(s for s in st.segments if id(s) not in gone)
+            if not keep:
+                raise InvalidOffsetError("a log always keeps at least one segment")
+            for s in segments:
+                self._retire(s)
+            start = max(st.log_start_offset, keep[0].base_offset,
+                        new_log_start if new_log_start is not None else -1)
+            self._state = _State(keep, min(start, st.log_end_offset), st.log_end_offset)
+
+    def _retire(self, seg: LogSegment) -> None:
+        # Rename to .deleted now, delete after file.delete.delay.ms (readers may still hold it).
+        if seg.suffix == "":
+            seg.change_file_suffixes("", DELETED_SUFFIX)
+        self._delete_later(seg)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush (writable logs), trim the active segment's indexes and close every file."""
+        if self._closed:
+            return
+        with self._lock:
+            if not self.readonly:
+                self._flush_locked(self._state.log_end_offset)
+            for s in self._state.segments:
+                s.close()
+            self._closed = True
+
+    # -- read-only mode ---------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Read-only logs re-list the directory: new segments, vanished ones, the tail."""
+        if not self.readonly or self._closed:
+            return
+        with self._lock:
+            try:
+                names = os.listdir(self.directory)
+            except FileNotFoundError:
+                names = []
+            bases = sorted(int(n[:20]) for n in names
+                           if n.endswith(LOG_SUFFIX) and len(n) == 24 and n[:20].isdigit())
+            old = {s.base_offset: s for s in self._state.segments}
+            segs = []
+            for b in bases:
+                s = old.get(b)
+                if s is None:
+                    try:
+                        s = LogSegment(self.directory, b, self.config, self.clock, readonly=True)
+                    except FileNotFoundError:
+                        continue  # deleted while we listed it
+                segs.append(s)
+            if not segs:
+                self._state = _State((), self._ro_start, self._ro_start)
+                return
+            # Sealed segments are whole files; the last one ends at its last CRC-valid batch.
+            for s in segs[:-1]:
+                s.size = os.fstat(s._fd).st_size
+            tail = segs[-1]
+            length = os.fstat(tail._fd).st_size
+            res = _core.scan_batches(tail.buffer(length) if length else b"", 0, length,
+                                     validate_crc=True, raise_on_corrupt=False)
+            tail.size = res.valid_end
+            b = res.batches
+            leo = int(b["last_offset"][-1]) + 1 if len(b) else tail.base_offset
+            if len(segs) > 1 and not len(b):
+                leo = max(leo, segs[-2].read_next_offset())
+            start = max(self._ro_start, segs[0].base_offset)
+            self._state = _State(tuple(segs), min(start, leo), leo)
+
+
+def _concat_columns(parts, include_headers, topic, partition) -> RecordColumns:
+    """Join per-segment columns (no copy when there is one part)."""
+    from .columns import HeaderColumn
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        empty = BinaryColumn(np.empty(0, np.uint8), np.zeros(1, np.int64), np.empty(0, np.bool_))
+        hdr = HeaderColumn(np.zeros(1, np.int64), empty, empty) if include_headers else None
+        return RecordColumns(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int8),
+                             empty, empty, hdr, topic, partition)
+
+    def cat_bin(cols):
+        offs = [cols[0].offsets]
+        base = cols[0].offsets[-1]
+        for c in cols[1:]:
+            offs.append(c.offsets[1:] + base)
+            base += c.offsets[-1]
+        return BinaryColumn(np.concatenate([c.data for c in cols]), np.concatenate(offs),
+                            np.concatenate([c.valid for c in cols]))
+    hdr = None
+    if include_headers:
+        hs = [p.headers for p in parts]
+        offs = [hs[0].offsets]
+        base = hs[0].offsets[-1]
+        for h in hs[1:]:
+            offs.append(h.offsets[1:] + base)
+            base += h.offsets[-1]
+        hdr = HeaderColumn(np.concatenate(offs), cat_bin([h.keys for h in hs]),
+                           cat_bin([h.values for h in hs]))
+    return RecordColumns(np.concatenate([p.offsets for p in parts]),
+                         np.concatenate([p.timestamps_ms for p in parts]),
+                         np.concatenate([p.timestamp_types for p in parts]),
+                         cat_bin([p.keys for p in parts]), cat_bin([p.values for p in parts]),
+                         hdr, topic, partition)

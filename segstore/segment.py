@@ -1,0 +1,373 @@
+"""LogSegment: one ``.log`` file with its offset and time indexes (Kafka's LogSegment).
+
+Files are named by the segment's base offset, 20 digits (REF §2.1). Appends write at the logical
+end with ``pwrite``; reads go through a read-only ``mmap`` of the file, remapped as it grows. A file
+that may be mapped is never shrunk in place (a reader touching a cut page would die of SIGBUS):
+truncating a segment writes the kept prefix to a new file and renames it over the old one.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import threading
+from typing import Optional
+
+import numpy as np
+
+from . import _core
+from .errors import CorruptRecordError, InvalidOffsetError
+from .index import OffsetIndex, TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
+MAX_RELATIVE_OFFSET = 0x7FFFFFFF
+
+
+def filename_prefix(offset: int) -> str:
+    """The 20-digit, zero-padded base offset that names a segment's files."""
+    return f"{offset:020d}"
+
+
+def segment_paths(directory: str, base_offset: int, suffix: str = "") -> dict[str, str]:
+    """Paths of a segment's four files (with an optional temporary suffix)."""
+    p = os.path.join(directory, filename_prefix(base_offset))
+    return {kind: p + kind + suffix for kind in
+            (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)}
+
+
+class LogSegment:
+    """A segment: its log file, indexes, size and timestamps. Mutations are the log's job.
+
+    ``config`` is a TopicConfig-like object (segment_index_bytes, index_interval_bytes, ...);
+    ``clock`` returns milliseconds.
+    """
+
+    def __init__(self, directory: str, base_offset: int, config, clock, *, suffix: str = "",
+                 readonly: bool = False, preallocate: bool = False):
+        self.directory = directory
+        self.base_offset = base_offset
+        self.config = config
+        self.clock = clock
+        self.readonly = readonly
+        self.suffix = suffix
+        paths = segment_paths(directory, base_offset, suffix)
+        self.log_path = paths[LOG_SUFFIX]
+        self._lock = threading.Lock()  # guards remapping only
+        self._mm: Optional[mmap.mmap] = None
+        exists = os.path.exists(self.log_path)
+        if readonly:
+            self._fd = os.open(self.log_path, os.O_RDONLY)
+        else:
+            self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+            if not exists and preallocate:
+                os.posix_fallocate(self._fd, 0, config.segment_bytes)
+        self.size = os.fstat(self._fd).st_size if (exists or not preallocate) else 0
+        self.offset_index = OffsetIndex(paths[INDEX_SUFFIX], base_offset, config.segment_index_bytes,
+                                        writable=not readonly)
+        self.time_index = TimeIndex(paths[TIME_INDEX_SUFFIX], base_offset,
+                                    config.segment_index_bytes, writable=not readonly)
+        self.txn_index_path = paths[TXN_INDEX_SUFFIX]
+        self.created_ms = clock()
+        self.rolling_based_timestamp: Optional[int] = None
+        self.bytes_since_last_index_entry = 0
+        self._max_ts: Optional[tuple[int, int]] = None  # (max timestamp, its batch's last offset)
+        jitter = min(config.segment_jitter_ms, config.segment_ms)
+        self.roll_jitter_ms = random.randrange(jitter) if jitter > 0 else 0
+
+    # -- reading ----------------------------------------------------------------------------
+    def buffer(self, need: Optional[int] = None):
+        """A read-only map covering at least ``need`` bytes (default: the logical size).
+
+        Returns b"" for an empty segment. Callers bound every access by the size they asked for.
+        """
+        need = self.size if need is None else need
+        mm = self._mm
+        if need == 0:
+            return b""
+        if mm is None or len(mm) < need:
+            with self._lock:
+                mm = self._mm
+                if mm is None or len(mm) < need:
+                    length = os.fstat(self._fd).st_size
+                    if length < need:
+                        raise CorruptRecordError(
+                            f"segment shorter ({length} bytes) than expected ({need})",
+                            file=self.log_path)
+                    mm = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ)
+                    self._mm = mm
+        return mm
+
+    def scan(self, start: int = 0, end: Optional[int] = None, *, validate_crc: bool = False,
+             max_batches: Optional[int] = None, raise_on_corrupt: bool = True):
+        """Scan batch headers in [start, end) of the log file (end defaults to the size)."""
+        end = self.size if end is None else end
+        return _core.scan_batches(self.buffer(end), start, end, validate_crc=validate_crc,
+                                  max_batches=max_batches, raise_on_corrupt=raise_on_corrupt,
+                                  file=self.log_path)
+
+    def translate_offset(self, offset: int, start_position: int = 0):
+        """First batch at or after ``start_position`` whose last offset >= ``offset``.
+
+        Returns a BATCH_DTYPE row (position is in the file) or None.
+        """
+        _, pos = self.offset_index.lookup(offset)
+        pos = max(pos, start_position)
+        if pos > self.size:  # an entry past the data: never trust it, scan from the start
+            pos = start_position
+        buf = self.buffer()
+        while pos < self.size:
+            res = _core.scan_batches(buf, pos, self.size, max_batches=64, file=self.log_path)
+            b = res.batches
+            if len(b) == 0:
+                return None
+            hit = np.nonzero(b["last_offset"] >= offset)[0]
+            if len(hit):
+                return b[hit[0]]
+            pos = int(b["position"][-1] + b["size"][-1])
+        return None
+
+    def read_range(self, start_offset: int, max_bytes: int, max_position: Optional[int] = None,
+                   min_one_message: bool = True):
+        """(buffer, start, end) of whole batches from the one holding ``start_offset``.
+
+        Follows Kafka's LogSegment.read: at most ``max_bytes`` (or the first batch when
+        ``min_one_message``) and never past ``max_position``. None when no batch qualifies.
+        """
+        first = self.translate_offset(start_offset)
+        if first is None:
+            return None
+        start = int(first["position"])
+        limit = self.size if max_position is None else min(max_position, self.size)
+        budget = max(max_bytes, int(first["size"])) if min_one_message else max_bytes
+        end = min(limit, start + budget)
+        if end <= start:
+            return None
+        return self.buffer(), start, end
+
+    # -- timestamps -------------------------------------------------------------------------
+    def _load_max_timestamp(self) -> tuple[int, int]:
+        ts, off = self.time_index.last_entry() if self.time_index.entries else (-1, self.base_offset)
+        _, pos = self.offset_index.lookup(off)
+        if self.size:
+            b = self.scan(min(pos, self.size)).batches
+            if len(b):
+                i = int(np.argmax(b["max_timestamp"]))
+                if b["max_timestamp"][i] > ts:
+                    ts, off = int(b["max_timestamp"][i]), int(b["last_offset"][i])
+        return ts, off
+
+    @property
+    def max_timestamp_so_far(self) -> int:
+        """Largest batch max timestamp in the segment (-1 when none)."""
+        if self._max_ts is None:
+            self._max_ts = self._load_max_timestamp()
+        return self._max_ts[0]
+
+    @property
+    def offset_of_max_timestamp(self) -> int:
+        """Last offset of the batch that holds the max timestamp."""
+        if self._max_ts is None:
+            self._max_ts = self._load_max_timestamp()
+        return self._max_ts[1]
+
+    @property
+    def largest_timestamp(self) -> int:
+        """Max timestamp, or the file's mtime when no record has a timestamp (REF §3.7)."""
+        ts = self.max_timestamp_so_far
+        return ts if ts >= 0 else self.last_modified_ms
+
+    @property
+    def last_modified_ms(self) -> int:
+        """The log file's mtime in milliseconds."""
+        return int(os.fstat(self._fd).st_mtime * 1000)
+
+    def read_next_offset(self) -> int:
+        """Last batch's last offset + 1, or the base offset when empty."""
+        if self.size == 0:
+            return self.base_offset
+        _, pos = self.offset_index.lookup(2 ** 62)
+        b = self.scan(min(pos, self.size)).batches
+        if len(b) == 0:
+            b = self.scan(0).batches
+        return int(b["last_offset"][-1]) + 1 if len(b) else self.base_offset
+
+    # -- appending --------------------------------------------------------------------------
+    def append(self, data, batches: np.ndarray) -> None:
+        """Write encoded batches at the end; ``batches`` positions are relative to ``data``.
+
+        Index entries follow Kafka's sparse rule per batch (REF §2.6).
+        """
+        if len(batches) == 0:
+            return
+        last = int(batches["last_offset"][-1])
+        first = int(batches["base_offset"][0])
+        if first - self.base_offset < 0 or last - self.base_offset > MAX_RELATIVE_OFFSET:
+            raise InvalidOffsetError(
+                f"offsets {first}..{last} cannot be stored relative to segment base "
+                f"{self.base_offset} (LogSegmentOffsetOverflow)")
+        position = self.size
+        if self.size == 0:
+            self.rolling_based_timestamp = int(batches["max_timestamp"][0])
+        written = os.pwrite(self._fd, data, position)
+        if written != len(data):
+            raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
+        self.size = position + len(data)
+        max_ts, off_max = self.max_timestamp_so_far, self.offset_of_max_timestamp
+        last_time_ts = self.time_index.last_entry()[0] if self.time_index.entries else -1
+        offs, times, self.bytes_since_last_index_entry, max_ts, off_max = _core.sparse_index(
+            batches, self.base_offset, position, self.config.index_interval_bytes,
+            self.bytes_since_last_index_entry, max_ts, off_max, last_time_ts)
+        self._max_ts = (max_ts, off_max)
+        self.offset_index.append_entries(offs)
+        self.time_index.append_entries(times)
+
+    def rebuild_indexes(self, batches: np.ndarray) -> None:
+        """Reset both indexes and re-add entries for scanned batches (recovery, REF §4.3)."""
+        self.offset_index.reset(self.config.segment_index_bytes)
+        self.time_index.reset(self.config.segment_index_bytes)
+        offs, times, self.bytes_since_last_index_entry, max_ts, off_max = _core.sparse_index(
+            batches, self.base_offset, 0, self.config.index_interval_bytes, 0, -1,
+            self.base_offset, -1)
+        self._max_ts = (max_ts, off_max) if len(batches) else (-1, self.base_offset)
+        self.offset_index.append_entries(offs)
+        self.time_index.append_entries(times)
+        if len(batches):
+            self.rolling_based_timestamp = int(batches["max_timestamp"][0])
+
+    # -- rolling ----------------------------------------------------------------------------
+    def should_roll(self, incoming_bytes: int, incoming_max_ts: int, incoming_last_offset: int,
+                    max_segment_ms: int, now: int) -> bool:
+        """Kafka's roll conditions (REF §3.3), evaluated before an append."""
+        if self.size > self.config.segment_bytes - incoming_bytes:
+            return True
+        if self.size > 0:
+            if self.rolling_based_timestamp is not None and self.rolling_based_timestamp >= 0:
+                waited = incoming_max_ts - self.rolling_based_timestamp
+            else:
+                waited = now - self.created_ms
+            if waited > max_segment_ms - self.roll_jitter_ms:
+                return True
+        if self.offset_index.is_full() or self.time_index.is_full():
+            return True
+        rel = incoming_last_offset - self.base_offset
+        return rel < 0 or rel > MAX_RELATIVE_OFFSET
+
+    def on_become_inactive(self) -> None:
+        """On roll: final time-index entry, trim both indexes and a preallocated log file."""
+        if self.readonly:
+            return
+        if self.max_timestamp_so_far >= 0:
+            self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp,
+                                         skip_full_check=True)
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+        if os.fstat(self._fd).st_size > self.size:
+            os.ftruncate(self._fd, self.size)  # preallocated and never mapped past size
+
+    # -- truncation -------------------------------------------------------------------------
+    def truncate_to(self, offset: int) -> int:
+        """Drop the batch holding ``offset`` and everything after it; returns bytes removed."""
+        first = self.translate_offset(offset)
+        if first is None:
+            return 0
+        keep = int(first["position"])
+        removed = self.size - keep
+        self._rewrite_prefix(keep)
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        self.offset_index.resize(self.config.segment_index_bytes)
+        self.time_index.resize(self.config.segment_index_bytes)
+        self.bytes_since_last_index_entry = 0
+        self._max_ts = None
+        if self.size == 0:
+            self.created_ms = self.clock()
+            self.rolling_based_timestamp = None
+        else:
+            self.rolling_based_timestamp = int(self.scan(0, max_batches=1).batches["max_timestamp"][0])
+        return removed
+
+    def _rewrite_prefix(self, keep: int) -> None:
+        """Keep [0, keep) of the log file without shrinking a file a reader may map."""
+        if self._mm is None:
+            os.ftruncate(self._fd, keep)
+        else:
+            tmp = self.log_path + ".truncating"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                done = 0
+                while done < keep:
+                    done += os.copy_file_range(self._fd, fd, keep - done, done, done)
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
+            os.replace(tmp, self.log_path)
+            old = self._fd
+            self._fd = fd
+            self._mm = None
+            os.close(old)
+        self.size = keep
+
+    def truncate_bytes(self, valid_bytes: int) -> int:
+        """Cut the file at ``valid_bytes`` (recovery after a torn or corrupt tail)."""
+        removed = self.size - valid_bytes
+        if removed > 0:
+            self._rewrite_prefix(valid_bytes)
+        return max(removed, 0)
+
+    # -- durability and files ---------------------------------------------------------------
+    def flush(self) -> None:
+        """fsync the log and both indexes."""
+        if self.readonly:
+            return
+        os.fsync(self._fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def close(self) -> None:
+        """Final time-index entry, trim and close (a later open sees only valid entries)."""
+        if not self.readonly and self._fd >= 0:
+            self.on_become_inactive()
+        self.offset_index.close()
+        self.time_index.close()
+        self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def change_file_suffixes(self, old: str, new: str) -> None:
+        """Rename every file of the segment from suffix ``old`` to ``new`` (REF §2.2)."""
+        def renamed(path):
+            if not path.endswith(old):
+                raise ValueError(f"{path} does not end in {old!r}")
+            return path[:len(path) - len(old)] + new
+        if os.path.exists(self.log_path):
+            os.replace(self.log_path, renamed(self.log_path))
+        self.log_path = renamed(self.log_path)
+        self.offset_index.rename(renamed(self.offset_index.path))
+        self.time_index.rename(renamed(self.time_index.path))
+        if os.path.exists(self.txn_index_path):
+            os.replace(self.txn_index_path, renamed(self.txn_index_path))
+        self.txn_index_path = renamed(self.txn_index_path)
+        self.suffix = new
+
+    def delete_files(self) -> None:
+        """Close and unlink every file of the segment."""
+        self.close()
+        for path in (self.log_path, self.offset_index.path, self.time_index.path,
+                     self.txn_index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def __repr__(self) -> str:
+        return f"LogSegment(base_offset={self.base_offset}, size={self.size}, path={self.log_path!r})"
