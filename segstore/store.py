@@ -1,0 +1,431 @@
+"""LogStore: a directory of partition logs, Kafka's LogManager for one process.
+
+Layout: ``<root>/<topic>-<partition>/`` per partition (Kafka's names), the root-level
+checkpoint files and ``.kafka_cleanshutdown`` of a Kafka log dir, topic metadata (partition
+count, config overrides) in ``<root>/.segstore/topics/<topic>.json``, and ``<root>/.lock``, the
+exclusive writer lock. A directory without segstore metadata (a Kafka broker's log dir) opens too:
+each ``<topic>-<n>`` directory becomes a partition with the store's default topic config.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import fcntl
+import itertools
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from typing import Callable, Iterable, Mapping, Optional
+
+from . import _core
+from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
+                         RECOVERY_POINT_CHECKPOINT, CheckpointError, OffsetCheckpointFile,
+                         fsync_dir, write_atomic)
+from .config import StoreConfig, TopicConfig
+from .errors import (InvalidTopicError, ReadOnlyStoreError, StoreClosedError, StoreLockedError,
+                     TopicAlreadyExistsError, UnknownTopicOrPartitionError)
+from .log import PartitionLog
+from .records import OffsetAndTimestamp, RecordMetadata, TopicPartition
+
+log = logging.getLogger("segstore.store")
+
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+MAX_TOPIC_LENGTH = 249
+META_DIR = ".segstore"
+
+
+def validate_topic_name(name) -> str:
+    """Kafka's topic name rules, so no name can reach outside the store's root."""
+    if not isinstance(name, str):
+        raise InvalidTopicError(f"topic name must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidTopicError("topic name is empty")
+    if name in (".", ".."):
+        raise InvalidTopicError(f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_LENGTH:
+        raise InvalidTopicError(
+            f"topic name is longer than {MAX_TOPIC_LENGTH} characters ({len(name)})")
+    if not _LEGAL_TOPIC.match(name):
+        raise InvalidTopicError(
+            f"topic name {name!r} is illegal: it may contain only ASCII letters, digits, '.', "
+            "'_' and '-'")
+    return name
+
+
+def _system_clock() -> int:
+    return int(time.time() * 1000)
+
+
+class LogStore:
+    """Topics and partitions under one root directory. Use :func:`segstore.open`."""
+
+    def __init__(self, path: str, config: Optional[Mapping] = None,
+                 clock: Optional[Callable[[], int]] = None, readonly: bool = False):
+        self.path = os.path.abspath(path)
+        self.config = StoreConfig.from_dict(config or {})
+        self.clock = clock or _system_clock
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        self._closed = False
+        self._lock_fd: Optional[int] = None
+        self._topics: dict[str, dict] = {}        # name -> {"partitions": n, "config": TopicConfig}
+        self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._delete_queue: list = []            # (due_ms, segment) awaiting physical deletion
+        self._round_robin = itertools.count()
+        self._services: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._last_checkpoint_ms = self.clock()
+        if readonly:
+            if not os.path.isdir(self.path):
+                raise FileNotFoundError(errno.ENOENT, "no segstore directory", self.path)
+            self._load(clean_shutdown=True)
+            return
+        os.makedirs(os.path.join(self.path, META_DIR, "topics"), exist_ok=True)
+        self._acquire_lock()
+        try:
+            marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
+            clean = os.path.exists(marker)
+            if clean:
+                os.unlink(marker)  # a crash while loading must count as unclean (KAFKA-10471)
+                fsync_dir(self.path)
+            self._load(clean_shutdown=clean)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    # -- locking ----------------------------------------------------------------------------
+    def _acquire_lock(self) -> None:
+        path = os.path.join(self.path, ".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreLockedError(
+                f"{self.path} is locked by another writer (pid {holder}); open it with "
+                "readonly=True to read alongside it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- loading ----------------------------------------------------------------------------
+    def _checkpoint(self, name: str) -> dict:
+        try:
+            return OffsetCheckpointFile(os.path.join(self.path, name)).read()
+        except CheckpointError as e:
+            log.warning("ignoring %s (recovering from the start instead)", e)
+            return {}
+
+    def _meta_path(self, topic: str) -> str:
+        return os.path.join(self.path, META_DIR, "topics", topic + ".json")
+
+    def _load(self, clean_shutdown: bool) -> None:
+        recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT)
+        starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT)
+        defaults = self.config.topic_defaults()
+        meta_dir = os.path.join(self.path, META_DIR, "topics")
+        if os.path.isdir(meta_dir):
+            for name in sorted(os.listdir(meta_dir)):
+                if not name.endswith(".json"):
+                    continue
+                with builtins.open(os.path.join(meta_dir, name), encoding="utf-8") as f:
+                    meta = json.load(f)
+                self._topics[meta["name"]] = {
+                    "partitions": int(meta["partitions"]),
+                    "config": TopicConfig.from_dict(meta.get("config", {}), defaults=defaults)}
+        # Partition directories without metadata: a Kafka broker's log dir.
+        found: dict[str, int] = {}
+        for name in os.listdir(self.path):
+            m = _PARTITION_DIR.match(name)
+            if m and os.path.isdir(os.path.join(self.path, name)) and _LEGAL_TOPIC.match(m.group(1)):
+                found[m.group(1)] = max(found.get(m.group(1), 0), int(m.group(2)) + 1)
+        for topic, n in found.items():
+            if topic not in self._topics:
+                self._topics[topic] = {"partitions": n,
+                                       "config": TopicConfig.from_dict({}, defaults=defaults)}
+        for topic, meta in self._topics.items():
+            for p in range(meta["partitions"]):
+                tp = TopicPartition(topic, p)
+                self._logs[tp] = self._open_log(tp, meta["config"], recovery.get(tp, 0),
+                                                starts.get(tp, 0), clean_shutdown)
+
+    def _open_log(self, tp: TopicPartition, config: TopicConfig, recovery_point: int,
+                  log_start: int, clean: bool) -> PartitionLog:
+        return PartitionLog(os.path.join(self.path, f"{tp.topic}-{tp.partition}"), tp.topic,
+                            tp.partition, config, self.clock, readonly=self.readonly,
+                            recovery_point=recovery_point, log_start_offset=log_start,
+                            had_clean_shutdown=clean, delete_later=self._schedule_delete)
+
+    def _schedule_delete(self, segment) -> None:
+        delay = segment.config.file_delete_delay_ms
+        with self._lock:
+            self._delete_queue.append((self.clock() + delay, segment))
+
+    # -- checks -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyStoreError(f"store {self.path} is open read-only")
+
+    # -- topics -----------------------------------------------------------------------------
+    def create_topic(self, name: str, num_partitions: int = 1,
+                     config: Optional[Mapping] = None) -> None:
+        """Create a topic with ``num_partitions`` empty partitions and config overrides."""
+        self._check_writable()
+        validate_topic_name(name)
+        if not isinstance(num_partitions, int) or isinstance(num_partitions, bool) \
+                or num_partitions < 1:
+            raise InvalidTopicError(f"num_partitions must be a positive int, got {num_partitions!r}")
+        cfg = TopicConfig.from_dict(config or {}, defaults=self.config.topic_defaults())
+        with self._lock:
+            if name in self._topics:
+                raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+            self._write_meta(name, num_partitions, cfg)
+            self._topics[name] = {"partitions": num_partitions, "config": cfg}
+            for p in range(num_partitions):
+                tp = TopicPartition(name, p)
+                self._logs[tp] = self._open_log(tp, cfg, 0, 0, True)
+            fsync_dir(self.path)
+
+    def _write_meta(self, name: str, partitions: int, cfg: TopicConfig) -> None:
+        meta = {"name": name, "partitions": partitions,
+                "config": {k: v if not isinstance(v, (list, tuple)) else ",".join(v)
+                           for k, v in cfg.overrides.items()}}
+        write_atomic(self._meta_path(name), json.dumps(meta, indent=1, sort_keys=True))
+
+    def delete_topic(self, name: str) -> None:
+        """Close and remove every partition of a topic (renamed ``*-delete`` first, like Kafka)."""
+        self._check_writable()
+        with self._lock:
+            meta = self._topic(name)
+            for p in range(meta["partitions"]):
+                tp = TopicPartition(name, p)
+                lg = self._logs.pop(tp)
+                lg.close()
+                self._delete_queue = [(d, s) for d, s in self._delete_queue
+                                      if not s.directory == lg.directory]
+                gone = f"{lg.directory}.{uuid.uuid4().hex}-delete"
+                os.replace(lg.directory, gone)
+                shutil.rmtree(gone, ignore_errors=True)
+            os.unlink(self._meta_path(name))
+            del self._topics[name]
+            fsync_dir(self.path)
+
+    def _topic(self, name: str) -> dict:
+        self._check_open()
+        if self.readonly and name not in self._topics:
+            self._reload_readonly()
+        try:
+            return self._topics[name]
+        except KeyError:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
+
+    def _reload_readonly(self) -> None:
+        with self._lock:
+            for lg in self._logs.values():
+                lg.close()
+            self._topics.clear()
+            self._logs.clear()
+            self._load(clean_shutdown=True)
+
+    def list_topics(self) -> list[str]:
+        """Names of every topic, sorted."""
+        self._check_open()
+        return sorted(self._topics)
+
+    def topic_config(self, name: str) -> TopicConfig:
+        """A topic's effective configuration."""
+        return self._topic(name)["config"]
+
+    def describe_topic(self, name: str) -> dict:
+        """Partition count, config overrides and per-partition offsets and sizes."""
+        meta = self._topic(name)
+        parts = []
+        for p in range(meta["partitions"]):
+            lg = self.partition(name, p)
+            parts.append({"partition": p, "log_start_offset": lg.log_start_offset,
+                          "log_end_offset": lg.log_end_offset, "segments": len(lg.segments),
+                          "size_bytes": lg.size_bytes})
+        return {"name": name, "partitions": meta["partitions"],
+                "config": dict(meta["config"].overrides), "partition_info": parts}
+
+    def alter_topic_config(self, name: str, set: Optional[Mapping] = None,
+                           delete: Iterable[str] = ()) -> TopicConfig:
+        """Change a topic's overrides (Kafka's ``--alter --add-config/--delete-config``)."""
+        self._check_writable()
+        with self._lock:
+            meta = self._topic(name)
+            cfg = meta["config"].with_updates(set or {}, tuple(delete))
+            self._write_meta(name, meta["partitions"], cfg)
+            meta["config"] = cfg
+            for p in range(meta["partitions"]):
+                self._logs[TopicPartition(name, p)].config = cfg
+            return cfg
+
+    def partition(self, topic: str, partition: int) -> PartitionLog:
+        """The log of one partition."""
+        meta = self._topic(topic)
+        if not isinstance(partition, int) or isinstance(partition, bool):
+            raise TypeError(f"partition must be an int, not {type(partition).__name__}")
+        if not 0 <= partition < meta["partitions"]:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {partition} (it has {meta['partitions']})")
+        return self._logs[TopicPartition(topic, partition)]
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """Partition numbers of a topic."""
+        return list(range(self._topic(topic)["partitions"]))
+
+    # -- records ----------------------------------------------------------------------------
+    def partition_for(self, topic: str, key=None) -> int:
+        """Where Kafka's default partitioner sends a key (murmur2; null keys round-robin)."""
+        n = self._topic(topic)["partitions"]
+        if key is None:
+            return next(self._round_robin) % n
+        if isinstance(key, str):
+            key = key.encode("utf-8")
+        return _core.murmur2_partition(key, n)
+
+    def append(self, topic: str, value, key=None, headers=None, partition: Optional[int] = None,
+               timestamp_ms: Optional[int] = None) -> RecordMetadata:
+        """Append one record to a topic, partitioned as Kafka's producer would."""
+        self._check_writable()
+        if partition is None:
+            partition = self.partition_for(topic, key)
+        return self.partition(topic, partition).append(value, key=key, headers=headers,
+                                                       timestamp_ms=timestamp_ms)
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict:
+        """{TopicPartition: log start offset} (kafka-python's KafkaConsumer shape)."""
+        return {TopicPartition(*tp): self.partition(*tp).log_start_offset for tp in partitions}
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict:
+        """{TopicPartition: log end offset}."""
+        return {TopicPartition(*tp): self.partition(*tp).log_end_offset for tp in partitions}
+
+    def offsets_for_times(self, timestamps: Mapping) -> dict:
+        """{TopicPartition: OffsetAndTimestamp or None}: first offset with timestamp >= ts."""
+        return {TopicPartition(*tp): self.partition(*tp).offset_for_time(ts)
+                for tp, ts in timestamps.items()}
+
+    # -- services ---------------------------------------------------------------------------
+    def tick(self, now_ms: Optional[int] = None) -> None:
+        """Run what the background services do, once: flush by ``flush.ms``, write
+        checkpoints when due, and delete ``.deleted`` segments whose delay has passed."""
+        if self.readonly or self._closed:
+            return
+        now = self.clock() if now_ms is None else now_ms
+        for lg in list(self._logs.values()):
+            lg.maybe_flush()
+        interval = min(self.config["log.flush.offset.checkpoint.interval.ms"],
+                       self.config["log.flush.start.offset.checkpoint.interval.ms"])
+        if now - self._last_checkpoint_ms >= interval:
+            self.write_checkpoints()
+            self._last_checkpoint_ms = now
+        self._delete_due(now)
+
+    def _delete_due(self, now: Optional[int]) -> int:
+        with self._lock:
+            due = [s for d, s in self._delete_queue if now is None or d <= now]
+            self._delete_queue = [(d, s) for d, s in self._delete_queue
+                                  if not (now is None or d <= now)]
+        for seg in due:
+            seg.delete_files()
+        return len(due)
+
+    def write_checkpoints(self) -> None:
+        """Write the recovery-point and log-start-offset checkpoint files."""
+        self._check_writable()
+        logs = dict(self._logs)
+        OffsetCheckpointFile(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT)).write(
+            {tp: lg.recovery_point for tp, lg in logs.items()})
+        OffsetCheckpointFile(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT)).write(
+            {tp: lg.log_start_offset for tp, lg in logs.items()})
+
+    def start_services(self) -> None:
+        """Start the background thread that runs :meth:`tick` (flusher, checkpoints, deletes)."""
+        self._check_writable()
+        if self._services:
+            return
+        period = max(0.05, min(1.0, self.config["log.flush.scheduler.interval.ms"] / 1000.0))
+
+        def run():
+            while not self._stop.wait(period):
+                try:
+                    self.tick()
+                except Exception:  # a service error must never kill the store
+                    log.exception("segstore background service failed")
+        t = threading.Thread(target=run, name="segstore-services", daemon=True)
+        t.start()
+        self._services.append(t)
+
+    def metrics(self) -> dict:
+        """Store-wide gauges (Kafka metric names where Kafka has one)."""
+        self._check_open()
+        return {
+            "topics": len(self._topics),
+            "partitions": len(self._logs),
+            "size-bytes": sum(lg.size_bytes for lg in self._logs.values()),
+            "segments": sum(len(lg.segments) for lg in self._logs.values()),
+            "pending-deletes": len(self._delete_queue),
+        }
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop services, flush and close every log, write checkpoints and the clean-shutdown
+        marker, release the lock. Safe to call twice."""
+        if self._closed:
+            return
+        self._stop.set()
+        for t in self._services:
+            t.join()
+        with self._lock:
+            if not self.readonly:
+                for lg in self._logs.values():
+                    lg.close()
+                self._delete_due(None)
+                self.write_checkpoints()
+                write_atomic(os.path.join(self.path, CLEAN_SHUTDOWN_FILE), "")
+                self._release_lock()
+            else:
+                for lg in self._logs.values():
+                    lg.close()
+            self._closed = True
+
+    def __enter__(self) -> "LogStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LogStore({self.path!r}, topics={len(self._topics)}, readonly={self.readonly})"
+
+
+def open(path: str, config: Optional[Mapping] = None, clock: Optional[Callable[[], int]] = None,
+         readonly: bool = False) -> LogStore:
+    """Open (creating if needed) the store at ``path``.
+
+    ``config`` holds store-wide settings under Kafka's broker names; ``clock`` returns
+    milliseconds and drives every time rule; ``readonly=True`` takes no lock and reads safely
+    while another process writes.
+    """
+    return LogStore(path, config=config, clock=clock, readonly=readonly)
