@@ -385,7 +385,7 @@ def _columns_from_records(records, bint include_headers, topic, partition):
     return RecordColumns(
         np.array([r.offset for r in records], dtype=np.int64),
         np.array([r.timestamp for r in records], dtype=np.int64),
-        np.array([max(r.timestamp_type, 0) for r in records], dtype=np.int8),
+        np.array([r.timestamp_type for r in records], dtype=np.int8),  # -1 for magic 0
         BinaryColumn.from_pylist([r.key for r in records]),
         BinaryColumn.from_pylist([r.value for r in records]),
         headers, topic, partition)

@@ -66,7 +66,7 @@ cdef int _decode_region_records(list out, const Region* reg, const BatchHeader* 
     cdef int64_t offset, ts
     cdef bint log_append = (h.attributes & 0x08) != 0
     cdef int ts_type = 1 if log_append else 0
-    leader_epoch = h.partition_leader_epoch if h.partition_leader_epoch >= 0 else None
+    leader_epoch = h.partition_leader_epoch  # -1 when unknown, as kafka-python reports it
     if h.records_count < 0:
         _raise_status(ST_RECORD_COUNT, reg.position, file)
     for j in range(h.records_count):
@@ -163,7 +163,7 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
     cdef int ts_type = -1 if magic == 0 else (attrs >> 3) & 1
     if codec == 0:
         if lo <= wrapper_offset < hi and len(out) < limit:
-            out.append(_new_record(topic, partition, None, wrapper_offset, ts, ts_type,
+            out.append(_new_record(topic, partition, -1, wrapper_offset, ts, ts_type,
                                    _bytes_or_none(b, kpos, klen), _bytes_or_none(b, vpos, vlen),
                                    [], h.crc, klen, vlen, -1))
         return 0
@@ -197,7 +197,7 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
         p = iend
     if not entries:
         return 0
-    last_rel = entries[-1][0]
+    last_rel = entries[len(entries) - 1][0]  # no negative indexing: wraparound is off
     for ioff_o, its_o, iattrs_o, key, value, icrc_o, kl, vl in entries:
         # v1 inner offsets are relative to the wrapper's last offset; v0 ones are absolute.
         offset = wrapper_offset - last_rel + ioff_o if magic == 1 else ioff_o
@@ -208,7 +208,7 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
         else:
             rts, rtype = -1, -1
         if lo <= offset < hi and len(out) < limit:
-            out.append(_new_record(topic, partition, None, offset, rts, rtype, key, value, [],
+            out.append(_new_record(topic, partition, -1, offset, rts, rtype, key, value, [],
                                    icrc_o, kl, vl, -1))
     return 0
 

@@ -35,6 +35,10 @@ def fsync_dir(path: str) -> None:
 def write_atomic(path: str, text: str) -> None:
     """Write ``path`` via ``path.tmp``: write, fsync, rename over, fsync the directory."""
     tmp = path + ".tmp"
+    if len(os.path.basename(tmp)) > 255:  # a long topic name: keep the temp name legal
+        import hashlib
+        tmp = os.path.join(os.path.dirname(path),
+                           "." + hashlib.sha1(path.encode()).hexdigest() + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()

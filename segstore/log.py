@@ -129,11 +129,12 @@ class PartitionLog:
         info = self.append_batch([value], None if key is None else [key],
                                  None if headers is None else [headers],
                                  None if timestamp_ms is None else [timestamp_ms])
-        hsize = sum(len(k.encode()) + (len(v) if v is not None else 0)
-                    for k, v in headers) if headers else -1
+        def size(b):
+            return -1 if b is None else len(b.encode("utf-8") if isinstance(b, str) else b)
+        hsize = sum(len(k.encode("utf-8")) + max(size(v), 0) for k, v in headers) if headers else -1
         return RecordMetadata(self.topic, self.partition, self.topic_partition, info.first_offset,
-                              info.max_timestamp, None, -1 if key is None else len(key),
-                              -1 if value is None else len(value), hsize, self.log_start_offset)
+                              info.max_timestamp, None, size(key), size(value), hsize,
+                              self.log_start_offset)
 
     def append_batch(self, values, keys=None, headers=None, timestamps_ms=None, *,
                      compression=None, producer_id: int = -1, producer_epoch: int = -1,
@@ -339,12 +340,12 @@ class PartitionLog:
                 or now - self.last_flush_ms >= c.flush_ms):
             self._flush_locked(self._state.log_end_offset)
 
-    def maybe_flush(self) -> None:
+    def maybe_flush(self, now_ms: Optional[int] = None) -> None:
         """Flush if ``flush.ms`` has passed since the last flush (the periodic flusher)."""
         if self.readonly or self._closed:
             return
         with self._lock:
-            self._maybe_flush_locked(self.clock())
+            self._maybe_flush_locked(self.clock() if now_ms is None else now_ms)
 
     # -- reading ----------------------------------------------------------------------------
     def _check_read_offset(self, offset: int, st: _State) -> None:

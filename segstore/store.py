@@ -35,8 +35,8 @@ from .records import OffsetAndTimestamp, RecordMetadata, TopicPartition
 
 log = logging.getLogger("segstore.store")
 
-_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
-_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+_PARTITION_DIR = re.compile(r"(.+)-(\d+)")
 MAX_TOPIC_LENGTH = 249
 META_DIR = ".segstore"
 
@@ -52,7 +52,7 @@ def validate_topic_name(name) -> str:
     if len(name) > MAX_TOPIC_LENGTH:
         raise InvalidTopicError(
             f"topic name is longer than {MAX_TOPIC_LENGTH} characters ({len(name)})")
-    if not _LEGAL_TOPIC.match(name):
+    if not _LEGAL_TOPIC.fullmatch(name):
         raise InvalidTopicError(
             f"topic name {name!r} is illegal: it may contain only ASCII letters, digits, '.', "
             "'_' and '-'")
@@ -133,7 +133,7 @@ class LogStore:
     def _meta_path(self, topic: str) -> str:
         return os.path.join(self.path, META_DIR, "topics", topic + ".json")
 
-    def _load(self, clean_shutdown: bool) -> None:
+    def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None) -> None:
         recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT)
         starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT)
         defaults = self.config.topic_defaults()
@@ -150,8 +150,8 @@ class LogStore:
         # Partition directories without metadata: a Kafka broker's log dir.
         found: dict[str, int] = {}
         for name in os.listdir(self.path):
-            m = _PARTITION_DIR.match(name)
-            if m and os.path.isdir(os.path.join(self.path, name)) and _LEGAL_TOPIC.match(m.group(1)):
+            m = _PARTITION_DIR.fullmatch(name)
+            if m and os.path.isdir(os.path.join(self.path, name)) and _LEGAL_TOPIC.fullmatch(m.group(1)):
                 found[m.group(1)] = max(found.get(m.group(1), 0), int(m.group(2)) + 1)
         for topic, n in found.items():
             if topic not in self._topics:
@@ -160,6 +160,9 @@ class LogStore:
         for topic, meta in self._topics.items():
             for p in range(meta["partitions"]):
                 tp = TopicPartition(topic, p)
+                if reuse and tp in reuse:
+                    self._logs[tp] = reuse[tp]
+                    continue
                 self._logs[tp] = self._open_log(tp, meta["config"], recovery.get(tp, 0),
                                                 starts.get(tp, 0), clean_shutdown)
 
@@ -222,10 +225,15 @@ class LogStore:
                 lg.close()
                 self._delete_queue = [(d, s) for d, s in self._delete_queue
                                       if not s.directory == lg.directory]
-                gone = f"{lg.directory}.{uuid.uuid4().hex}-delete"
+                # Kafka's <topic>-<p>.<uuid>-delete, the topic cut so the name fits 255 bytes.
+                suffix = f"-{p}.{uuid.uuid4().hex}-delete"
+                gone = os.path.join(self.path, name[:255 - len(suffix)] + suffix)
                 os.replace(lg.directory, gone)
                 shutil.rmtree(gone, ignore_errors=True)
-            os.unlink(self._meta_path(name))
+            try:
+                os.unlink(self._meta_path(name))
+            except FileNotFoundError:  # a topic found in a Kafka log dir has no metadata file
+                pass
             del self._topics[name]
             fsync_dir(self.path)
 
@@ -239,16 +247,20 @@ class LogStore:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
 
     def _reload_readonly(self) -> None:
+        # Pick up topics created since; logs already handed out stay open and usable.
         with self._lock:
-            for lg in self._logs.values():
-                lg.close()
-            self._topics.clear()
-            self._logs.clear()
-            self._load(clean_shutdown=True)
+            old_topics, old_logs = dict(self._topics), dict(self._logs)
+            self._topics, self._logs = {}, {}
+            self._load(clean_shutdown=True, reuse=old_logs)
+            for tp, lg in old_logs.items():
+                if self._logs.get(tp) is not lg:
+                    lg.close()
 
     def list_topics(self) -> list[str]:
         """Names of every topic, sorted."""
         self._check_open()
+        if self.readonly:
+            self._reload_readonly()
         return sorted(self._topics)
 
     def topic_config(self, name: str) -> TopicConfig:
@@ -334,7 +346,7 @@ class LogStore:
             return
         now = self.clock() if now_ms is None else now_ms
         for lg in list(self._logs.values()):
-            lg.maybe_flush()
+            lg.maybe_flush(now)
         interval = min(self.config["log.flush.offset.checkpoint.interval.ms"],
                        self.config["log.flush.start.offset.checkpoint.interval.ms"])
         if now - self._last_checkpoint_ms >= interval:

@@ -1,0 +1,125 @@
+"""Shared test configuration: hypothesis profiles and a few byte-level helpers.
+
+Profiles: ``ci`` (default; no deadline, modest example counts) and ``dev`` (many examples), chosen
+with ``HYPOTHESIS_PROFILE=dev``. The helpers are deliberately independent of segstore: they walk
+batch boundaries and describe records with ``struct`` alone, so tests never use the code under test
+to compute their expectations.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+
+import crc32c as _crc32c_pkg
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", deadline=None, max_examples=40, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "dev", deadline=None, max_examples=2000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The 61-byte v2 header (REF §9): baseOffset, length, leaderEpoch, magic, crc, attributes,
+# lastOffsetDelta, baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, count.
+V2_HEADER = struct.Struct(">qiibIhiqqqhii")
+V2_FIELDS = ("base_offset", "length", "partition_leader_epoch", "magic", "crc", "attributes",
+             "last_offset_delta", "base_timestamp", "max_timestamp", "producer_id",
+             "producer_epoch", "base_sequence", "records_count")
+
+
+def batch_spans(buf) -> list[tuple[int, int]]:
+    """``(position, size)`` of every complete batch, walking the int32 size fields (any magic)."""
+    spans, pos, n = [], 0, len(buf)
+    while n - pos >= 17:
+        size = 12 + struct.unpack_from(">i", buf, pos + 8)[0]
+        if pos + size > n:
+            break
+        spans.append((pos, size))
+        pos += size
+    return spans
+
+
+def v2_header(buf, pos: int = 0) -> dict:
+    """The v2 header at ``pos`` as a dict keyed like segstore's BATCH_DTYPE fields."""
+    return dict(zip(V2_FIELDS, V2_HEADER.unpack_from(buf, pos)))
+
+
+def fix_crc(buf: bytearray, pos: int = 0) -> None:
+    """Recompute the CRC-32C of the v2 batch at ``pos`` in place (after a deliberate edit)."""
+    size = 12 + struct.unpack_from(">i", buf, pos + 8)[0]
+    struct.pack_into(">I", buf, pos + 17, _crc32c_pkg.crc32c(bytes(buf[pos + 21:pos + size])))
+
+
+def rec_tuple(r) -> tuple:
+    """A decoded ConsumerRecord as ``(offset, timestamp, timestamp_type, key, value, headers)``."""
+    return (r.offset, r.timestamp, r.timestamp_type, r.key, r.value, [tuple(h) for h in r.headers])
+
+
+def columns_tuples(cols, with_headers: bool = True) -> list[tuple]:
+    """RecordColumns as the same tuples as :func:`rec_tuple` (headers None when not decoded)."""
+    n = len(cols)
+    heads = cols.headers.to_pylist() if with_headers else [None] * n
+    return list(zip(cols.offsets.tolist(), cols.timestamps_ms.tolist(),
+                    cols.timestamp_types.tolist(), cols.keys.to_pylist(),
+                    cols.values.to_pylist(), heads))
+
+
+def check_columns(cols) -> None:
+    """Structural invariants of a RecordColumns result (dtypes, shapes, Arrow offsets, nulls)."""
+    import numpy as np
+    from segstore.columns import BinaryColumn, HeaderColumn, RecordColumns
+
+    def check_binary(col):
+        assert isinstance(col, BinaryColumn)
+        assert col.offsets.dtype == np.int64 and col.offsets.shape == (len(col) + 1,)
+        assert col.valid.dtype == np.bool_ and col.data.dtype == np.uint8
+        assert col.offsets[0] == 0 and bool(np.all(np.diff(col.offsets) >= 0))
+        assert col.offsets[-1] <= len(col.data)
+        assert not np.any(col.lengths[~col.valid]), "null slots must have length 0"
+
+    assert isinstance(cols, RecordColumns)
+    n = len(cols)
+    assert cols.offsets.dtype == np.int64 and cols.offsets.shape == (n,)
+    assert cols.timestamps_ms.dtype == np.int64 and cols.timestamps_ms.shape == (n,)
+    assert cols.timestamp_types.dtype == np.int8 and cols.timestamp_types.shape == (n,)
+    assert len(cols.keys) == n and len(cols.values) == n
+    check_binary(cols.keys)
+    check_binary(cols.values)
+    if cols.headers is not None:
+        assert isinstance(cols.headers, HeaderColumn) and len(cols.headers) == n
+        check_binary(cols.headers.keys)
+        check_binary(cols.headers.values)
+        assert cols.headers.offsets[0] == 0 and cols.headers.offsets[-1] == len(cols.headers.keys)
+
+
+def legacy_message(magic, offset, key, value, timestamp=None, attributes=0) -> bytes:
+    """One v0/v1 log entry built by hand (REF §1.10):
+    offset int64 | size int32 | crc uint32 (zlib, magic..end) | magic | attributes | [timestamp
+    int64, v1 only] | key length int32 (-1 null) | key | value length int32 (-1 null) | value."""
+    body = struct.pack(">bb", magic, attributes)
+    if magic == 1:
+        body += struct.pack(">q", timestamp)
+    for field in (key, value):
+        body += struct.pack(">i", -1) if field is None else struct.pack(">i", len(field)) + field
+    msg = struct.pack(">I", zlib.crc32(body)) + body
+    return struct.pack(">qi", offset, len(msg)) + msg
+
+
+def legacy_wrapper(magic, inner_offsets, records, wrapper_offset, wrapper_ts=None, lat=False):
+    """A gzip wrapper message (null key) whose value is the inner entries of ``(ts, key, value)``.
+
+    Inner offsets are absolute for v0 and relative (0..n-1, gaps allowed) for v1; the wrapper's
+    offset is the last inner absolute offset; a v1 wrapper's timestamp defaults to the max.
+    """
+    if magic == 1 and wrapper_ts is None:
+        wrapper_ts = max(ts for ts, _, _ in records)
+    inner = b"".join(legacy_message(magic, o, k, v, ts)
+                     for o, (ts, k, v) in zip(inner_offsets, records))
+    attributes = 1 | (0x08 if lat else 0)
+    return legacy_message(magic, wrapper_offset, None, gzip.compress(inner, mtime=0), wrapper_ts,
+                          attributes)
