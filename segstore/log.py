@@ -163,7 +163,8 @@ class PartitionLog:
             timestamps_ms = self.clock()
         enc = _core.encode_columns(values, keys, timestamps_ms,
                                    records_per_batch=records_per_batch,
-                                   max_batch_bytes=self.config.max_message_bytes,
+                                   max_batch_bytes=min(self.config.max_message_bytes,
+                                                       self.config.segment_bytes),
                                    compression=self._codec(compression), partition_leader_epoch=0)
         return self._append_encoded(bytearray(enc.data), enc.batches)
 
