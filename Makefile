@@ -25,17 +25,18 @@ demo: install
 	$(PY) examples/quickstart.py
 
 # The whole suite on the optimized build, then the byte-level suites again on the debug build
-# (bounds and wraparound checks on), so an out-of-bounds read fails loudly.
+# (bounds and wraparound checks on), so an out-of-bounds read fails loudly. -P keeps the source
+# tree (the optimized build) off sys.path so PYTHONPATH's debug copy is the one imported.
 test: install debug-build
 	$(PY) -m pytest -q -p no:cacheprovider
-	PYTHONPATH=$(DEBUG_DIR) SEGSTORE_EXPECT_DEBUG=1 $(PY) -m pytest -q -p no:cacheprovider -m "not spark" tests/test_codec_debug_build.py tests/test_core_codec.py tests/test_damage.py
+	PYTHONPATH=$(DEBUG_DIR) SEGSTORE_EXPECT_DEBUG=1 $(PY) -P -m pytest -q -p no:cacheprovider -m "not spark" tests/test_codec_debug_build.py tests/test_core_codec.py tests/test_damage.py
 
 test-fast: install
 	$(PY) -m pytest -q -x -p no:cacheprovider -m "not slow and not spark"
 
 $(DEBUG_DIR)/.built: $(STAMP) $(wildcard segstore/*.py)
 	rm -rf $(DEBUG_DIR)
-	SEGSTORE_CYTHON_DEBUG=1 $(PY) setup.py -q build_ext --build-lib $(DEBUG_DIR) --build-temp build/debug-tmp
+	SEGSTORE_CYTHON_DEBUG=1 $(PY) setup.py -q build_ext --force --build-lib $(DEBUG_DIR) --build-temp build/debug-tmp
 	cp segstore/*.py segstore/*.pyi $(DEBUG_DIR)/segstore/
 	touch $@
 

@@ -26,6 +26,7 @@ extensions = [
         "segstore._core",
         ["segstore/_core.pyx"],
         extra_compile_args=["-O3"] if not DEBUG else ["-O0", "-g"],
+        define_macros=[("SEGSTORE_DEBUG", "1")] if DEBUG else [],
     )
 ]
 
