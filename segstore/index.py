@@ -54,12 +54,17 @@ class _AbstractIndex:
             finally:
                 os.close(fd)
         else:
-            length = os.path.getsize(path) if exists else 0
-            self.entries = length // self.entry_size
-            if length:
+            # A read-only reader (often another process) copies the file instead of mapping it:
+            # the writer trims indexes on roll, and touching a trimmed page of a map is SIGBUS.
+            # Only the prefix of sane entries is used (the rest is zero padding or in flux).
+            data = b""
+            if exists:
                 with open(path, "rb") as f:
-                    self._mm = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ)
-            self._length = length
+                    data = f.read()
+            self._mm = data
+            self._length = len(data)
+            self.entries = len(data) // self.entry_size
+            self.entries = self.valid_prefix()
         if trusted_entries is not None:
             self.entries = min(trusted_entries, self.entries)
         self.max_entries = self._length // self.entry_size

@@ -294,10 +294,12 @@ class LogSegment:
         return removed
 
     def _rewrite_prefix(self, keep: int) -> None:
-        """Keep [0, keep) of the log file without shrinking a file a reader may map."""
-        if self._mm is None:
-            os.ftruncate(self._fd, keep)
-        else:
+        """Keep [0, keep) of the log file without shrinking a file a reader may map.
+
+        Readers in this or another (read-only) process may map the file, so it is always
+        copied: the kept prefix goes to a new file renamed over the old one.
+        """
+        if True:
             tmp = self.log_path + ".truncating"
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:

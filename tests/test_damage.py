@@ -1,4 +1,4 @@
-"""Property tests: random record sets round-trip, and damaged logs fail only with CorruptRecordError.
+"""Property tests: random records round-trip; damaged logs fail only with CorruptRecordError.
 
 A damaged buffer must either decode to exactly what the rules of REF §1.11 allow (the original
 records, the records of the complete batches before a torn tail, or CorruptRecordError) or, where
@@ -135,7 +135,8 @@ def segments(draw, max_batches=4, need=None):
                 buf = legacy_wrapper(magic, inner, lrecs, offs[-1])
             recs = [(o, ts if magic else -1, 0 if magic else -1, k, v, [])
                     for o, (ts, k, v) in zip(offs, lrecs)]
-            batch, used = Batch(pos, len(buf), "legacy", magic, 1 if wrapped else 0, recs), len(recs)
+            batch = Batch(pos, len(buf), "legacy", magic, 1 if wrapped else 0, recs)
+            used = len(recs)
         parts.append(buf)
         batches.append(batch)
         pos += len(buf)
@@ -383,11 +384,11 @@ def test_unprotected_fields_change_offsets_and_epochs(seg, data):
     shift = new_base - old_base
     expected = [r if r not in b.records else (r[0] + shift,) + r[1:] for r in seg.records()]
     assert_decodes_to(damaged, expected)
-    moved = [r for r in _core.decode_records(damaged) if (r.offset - shift,) + rec_tuple(r)[1:]
-             in b.records]
-    assert {r.leader_epoch for r in moved} <= {new_epoch}
-    rows = _core.scan_batches(damaged, validate_crc=True).batches
-    row = rows[[x.pos for x in seg.batches].index(b.pos)]
+    index = seg.batches.index(b)
+    first = len(seg.records(index))
+    moved = _core.decode_records(damaged)[first:first + len(b.records)]
+    assert [r.leader_epoch for r in moved] == [new_epoch] * len(b.records)
+    row = _core.scan_batches(damaged, validate_crc=True).batches[index]
     assert (int(row["base_offset"]), int(row["partition_leader_epoch"])) == (new_base, new_epoch)
 
 
@@ -518,8 +519,8 @@ def data_batches(seg, codecs=(0, 1)):
 @given(seg=segments(need="plain"), data=st.data())
 def test_random_varint_bytes_with_valid_crc(seg, data):
     b = data.draw(st.sampled_from(data_batches(seg)))
-    positions = record_varint_positions(
-        gzip.decompress(seg.buf[b.pos + 61:b.pos + b.size]) if b.codec else seg.buf[b.pos + 61:b.pos + b.size])
+    body = seg.buf[b.pos + 61:b.pos + b.size]
+    positions = record_varint_positions(gzip.decompress(body) if b.codec else body)
     edits = data.draw(st.lists(st.tuples(st.sampled_from(positions), st.integers(0, 255)),
                                min_size=1, max_size=3))
 
@@ -568,9 +569,11 @@ def test_damaged_compressed_payload(seg, data):
 def garbage(draw):
     """Random bytes, or bytes that look like the start of a batch header."""
     raw = st.binary(max_size=120)
-    framed = st.builds(lambda off, size, eps, magic, tail: struct.pack(">qiib", off, size, eps, magic) + tail,
+    framed = st.builds(lambda off, size, epoch, magic, tail:
+                       struct.pack(">qiib", off, size, epoch, magic) + tail,
                        st.integers(-(2**63), 2**63 - 1), st.integers(-20, 150),
-                       st.integers(-(2**31), 2**31 - 1), st.integers(-2, 3), st.binary(max_size=150))
+                       st.integers(-(2**31), 2**31 - 1), st.integers(-2, 3),
+                       st.binary(max_size=150))
     return draw(st.one_of(raw, framed))
 
 
