@@ -144,6 +144,43 @@ cdef inline int read_varlong(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
     out[0] = <int64_t>((value >> 1) ^ (0 - (value & 1)))
     return ST_OK
 
+# One-byte fast paths: most lengths, deltas and counts in a record are below 64.
+cdef inline int read_varint_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+                                 int32_t* out) noexcept nogil:
+    cdef Py_ssize_t q = pos[0]
+    cdef uint32_t byte
+    cdef uint32_t v
+    if q + 1 < end:
+        byte = b[q]
+        if byte < 0x80:
+            pos[0] = q + 1
+            out[0] = <int32_t>((byte >> 1) ^ (0 - (byte & 1)))
+            return ST_OK
+        if b[q + 1] < 0x80:
+            v = (byte & 0x7F) | (<uint32_t>b[q + 1] << 7)
+            pos[0] = q + 2
+            out[0] = <int32_t>((v >> 1) ^ (0 - (v & 1)))
+            return ST_OK
+    return read_varint(b, pos, end, out)
+
+cdef inline int read_varlong_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+                                  int64_t* out) noexcept nogil:
+    cdef Py_ssize_t q = pos[0]
+    cdef uint64_t byte
+    cdef uint64_t v
+    if q + 1 < end:
+        byte = b[q]
+        if byte < 0x80:
+            pos[0] = q + 1
+            out[0] = <int64_t>((byte >> 1) ^ (0 - (byte & 1)))
+            return ST_OK
+        if b[q + 1] < 0x80:
+            v = (byte & 0x7F) | (<uint64_t>b[q + 1] << 7)
+            pos[0] = q + 2
+            out[0] = <int64_t>((v >> 1) ^ (0 - (v & 1)))
+            return ST_OK
+    return read_varlong(b, pos, end, out)
+
 cdef inline int varint_size(int32_t v) noexcept nogil:
     cdef uint32_t z = (<uint32_t>v << 1) ^ <uint32_t>(v >> 31)
     cdef int n = 1

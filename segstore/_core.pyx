@@ -18,6 +18,7 @@ from cpython.tuple cimport PyTuple_SET_ITEM
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 
+import gc as _gc
 import time
 import zlib
 

@@ -1,13 +1,13 @@
 # Decoding v2 records into numpy columns.
 # Included by _core.pyx; shares its namespace.
 
-cdef int parse_record(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+cdef inline int parse_record(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
                       RecordView* r) noexcept nogil:
     """Parse one v2 record at pos[0] (REF §1.7); every length is checked against its record end."""
     cdef int32_t length, klen, vlen, i
     cdef int st
     cdef Py_ssize_t p, rec_end
-    st = read_varint(b, pos, end, &length)
+    st = read_varint_fast(b, pos, end, &length)
     if st != ST_OK:
         return st
     if length < 0:
@@ -19,13 +19,13 @@ cdef int parse_record(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
     if p >= rec_end:
         return ST_RECORD_LENGTH
     p += 1  # attributes: unused
-    st = read_varlong(b, &p, rec_end, &r.timestamp_delta)
+    st = read_varlong_fast(b, &p, rec_end, &r.timestamp_delta)
     if st != ST_OK:
         return st
-    st = read_varint(b, &p, rec_end, &r.offset_delta)
+    st = read_varint_fast(b, &p, rec_end, &r.offset_delta)
     if st != ST_OK:
         return st
-    st = read_varint(b, &p, rec_end, &r.key_len)
+    st = read_varint_fast(b, &p, rec_end, &r.key_len)
     if st != ST_OK:
         return st
     if r.key_len < -1:
@@ -35,7 +35,7 @@ cdef int parse_record(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
         if r.key_len > rec_end - p:
             return ST_TRUNCATED
         p += r.key_len
-    st = read_varint(b, &p, rec_end, &r.value_len)
+    st = read_varint_fast(b, &p, rec_end, &r.value_len)
     if st != ST_OK:
         return st
     if r.value_len < -1:
@@ -45,7 +45,7 @@ cdef int parse_record(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
         if r.value_len > rec_end - p:
             return ST_TRUNCATED
         p += r.value_len
-    st = read_varint(b, &p, rec_end, &r.header_count)
+    st = read_varint_fast(b, &p, rec_end, &r.header_count)
     if st != ST_OK:
         return st
     if r.header_count < 0 or r.header_count > rec_end - p:
@@ -54,7 +54,7 @@ cdef int parse_record(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
     r.header_key_bytes = 0
     r.header_value_bytes = 0
     for i in range(r.header_count):
-        st = read_varint(b, &p, rec_end, &klen)
+        st = read_varint_fast(b, &p, rec_end, &klen)
         if st != ST_OK:
             return st
         if klen < 0:
@@ -63,7 +63,7 @@ cdef int parse_record(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
             return ST_TRUNCATED
         p += klen
         r.header_key_bytes += klen
-        st = read_varint(b, &p, rec_end, &vlen)
+        st = read_varint_fast(b, &p, rec_end, &vlen)
         if st != ST_OK:
             return st
         if vlen < -1:
@@ -86,6 +86,7 @@ cdef struct Region:
     Py_ssize_t end
     Py_ssize_t batch      # index into the scanned headers
     Py_ssize_t position   # batch position, for error reports
+    bint crc_pending      # CRC still to check (done batch by batch, while the bytes are hot)
 
 
 # Output of a column decode; pointers are NULL on the counting pass.
@@ -209,7 +210,8 @@ cdef class _Regions:
 
 
 cdef _Regions _regions(object obj, const uint8_t[::1] view, _Scan scan, int64_t min_offset,
-                       int64_t end_offset, bint include_control, object file):
+                       int64_t end_offset, bint include_control, object file,
+                       bint validate_crc=False):
     """Select the batches overlapping [min_offset, end_offset) and locate their records."""
     cdef _Regions regs = _Regions.__new__(_Regions)
     cdef HeaderVec* vec = &scan.headers.vec
@@ -224,20 +226,28 @@ cdef _Regions _regions(object obj, const uint8_t[::1] view, _Scan scan, int64_t 
     cdef int codec
     cdef const uint8_t[::1] dview
     cdef Region* reg
+    cdef bint skip
     mv = None
     for i in range(vec.n):
         h = &vec.items[i]
         if h.magic < 2:
             regs.has_legacy = True
             continue
-        if h.last_offset < min_offset or (h.base_offset >= end_offset):
-            continue
-        if (h.attributes & 0x20) and not include_control:
-            continue
         codec = h.attributes & 0x07
+        skip = (h.last_offset < min_offset or h.base_offset >= end_offset
+                or ((h.attributes & 0x20) and not include_control))
+        if validate_crc and (skip or codec != 0):
+            # Every batch of the range is checked; kept, uncompressed ones later, while hot.
+            if mv is None:
+                mv = memoryview(obj).cast("B") if not isinstance(obj, memoryview) else obj.cast("B")
+            if not _crc_ok(mv, h):
+                _raise_status(ST_CRC, h.position, file)
+        if skip:
+            continue
         reg = &regs.items[regs.n]
         reg.batch = i
         reg.position = h.position
+        reg.crc_pending = validate_crc and codec == 0
         if codec == 0:
             reg.data = _ptr(view)
             reg.start = h.position + V2_HEADER_C
@@ -264,108 +274,253 @@ cdef inline int64_t _opt_i64(object v, int64_t default) except? -1:
     return default if v is None else v
 
 
+# Per-batch output sizes and start positions of a column decode.
+cdef struct BatchOut:
+    int status
+    Py_ssize_t err_pos
+    int64_t n, key_bytes, value_bytes, n_headers, hk_bytes, hv_bytes   # sizes
+    int64_t n0, k0, v0, h0, hk0, hv0                                    # where it starts
+
+
+cdef int _count_batches(object mv, _Regions regs, HeaderVec* vec, Py_ssize_t i0, Py_ssize_t i1,
+                        int64_t lo, int64_t hi, bint headers, BatchOut* outs) except -1:
+    """Counting pass over regions [i0, i1): CRC (with the GIL, per batch) then sizes (nogil)."""
+    cdef Py_ssize_t i
+    cdef ColumnSink s
+    cdef Region* reg
+    cdef BatchHeader* h
+    for i in range(i0, i1):
+        reg = &regs.items[i]
+        h = &vec.items[reg.batch]
+        if reg.crc_pending and not _crc_ok(mv, h):
+            outs[i].status = ST_CRC
+            outs[i].err_pos = h.position
+            return 0
+        with nogil:
+            memset(&s, 0, sizeof(ColumnSink))
+            outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers, &s,
+                                                   &outs[i].err_pos)
+            outs[i].n = s.n
+            outs[i].key_bytes = s.key_bytes
+            outs[i].value_bytes = s.value_bytes
+            outs[i].n_headers = s.n_headers
+            outs[i].hk_bytes = s.hk_bytes
+            outs[i].hv_bytes = s.hv_bytes
+        if outs[i].status != ST_OK:
+            return 0
+    return 0
+
+
+cdef void _fill_batches(_Regions regs, HeaderVec* vec, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
+                        int64_t hi, int64_t limit, bint headers, const ColumnSink* base,
+                        BatchOut* outs) noexcept nogil:
+    """Fill pass over regions [i0, i1): each batch writes at its precomputed positions."""
+    cdef Py_ssize_t i
+    cdef ColumnSink s
+    cdef Py_ssize_t err
+    for i in range(i0, i1):
+        if outs[i].n == 0 or outs[i].n0 >= limit:
+            continue
+        s = base[0]
+        s.n = outs[i].n0
+        s.key_bytes = outs[i].k0
+        s.value_bytes = outs[i].v0
+        s.n_headers = outs[i].h0
+        s.hk_bytes = outs[i].hk0
+        s.hv_bytes = outs[i].hv0
+        decode_region_columns(&regs.items[i], &vec.items[regs.items[i].batch], lo, hi,
+                              limit, headers, &s, &err)
+
+
+_pool = None
+
+
+def _second_core(fn, *args):
+    """Run fn(*args) on a persistent worker thread; the kernels release the GIL."""
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segstore-decode")
+    return _pool.submit(fn, *args)
+
+
+cdef int64_t PARALLEL_MIN_BYTES = 8 << 20   # below this a second thread costs more than it saves
+
+
+def _set_parallel_min_bytes(int64_t n):
+    """Tune (or with a huge value, disable) the two-thread split of column decodes."""
+    global PARALLEL_MIN_BYTES
+    PARALLEL_MIN_BYTES = n
+
+
+cdef class _DecodeJob:
+    """State shared by the two halves of a parallel column decode."""
+    cdef object mv
+    cdef _Regions regs
+    cdef HeaderVec* vec
+    cdef int64_t lo, hi, limit
+    cdef bint headers
+    cdef BatchOut* outs
+    cdef ColumnSink sink
+
+    def count(self, Py_ssize_t i0, Py_ssize_t i1):
+        _count_batches(self.mv, self.regs, self.vec, i0, i1, self.lo, self.hi, self.headers,
+                       self.outs)
+
+    def fill(self, Py_ssize_t i0, Py_ssize_t i1):
+        with nogil:
+            _fill_batches(self.regs, self.vec, i0, i1, self.lo, self.hi, self.limit, self.headers,
+                          &self.sink, self.outs)
+
+
 def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_offset=None,
                    max_records=None, bint validate_crc=True, bint include_headers=False,
                    topic=None, partition=None, file=None):
-    """Selected records of a buffer range straight into numpy columns (control batches skipped)."""
+    """Selected records of a buffer range straight into numpy columns (control batches skipped).
+
+    Two passes over the batches: the first checks each batch's CRC and counts its records and
+    bytes, the second copies every batch to its precomputed place. Each pass splits the batches
+    between two threads when the range is large.
+    """
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
     cdef int64_t lo = _opt_i64(min_offset, -INT64_MAX_C - 1)
     cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C)
-    cdef Py_ssize_t limit = INT64_MAX_C if max_records is None else max_records
+    cdef int64_t limit = INT64_MAX_C if max_records is None else max_records
     if limit < 0:
         raise ValueError(f"max_records must be >= 0, got {max_records}")
-    cdef _Scan scan = _scan(buf, view, start, e, validate_crc, -1)
+    cdef _Scan scan = _scan(buf, view, start, e, False, -1)
     _raise_status(scan.status, scan.error_pos, file)
-    cdef _Regions regs = _regions(buf, view, scan, lo, hi, False, file)
+    cdef _Regions regs = _regions(buf, view, scan, lo, hi, False, file, validate_crc)
     if regs.has_legacy:
         return _columns_from_records(
             decode_records(buf, start, e, min_offset=min_offset, end_offset=end_offset,
                            max_records=max_records, validate_crc=validate_crc, file=file),
             include_headers, topic, partition)
-    cdef ColumnSink s
-    memset(&s, 0, sizeof(ColumnSink))
-    cdef Py_ssize_t i, err_pos = 0
-    cdef int st = ST_OK
     cdef HeaderVec* vec = &scan.headers.vec
-    with nogil:
-        for i in range(regs.n):
-            st = decode_region_columns(&regs.items[i], &vec.items[regs.items[i].batch], lo, hi,
-                                       limit, include_headers, &s, &err_pos)
-            if st != ST_OK or s.n >= limit:
-                break
-    _raise_status(st, err_pos, file)
-    cdef Py_ssize_t n = s.n
+    cdef _DecodeJob job = _DecodeJob.__new__(_DecodeJob)
+    job.mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
+    job.regs = regs
+    job.vec = vec
+    job.lo = lo
+    job.hi = hi
+    job.headers = include_headers
+    outs_arr = np.zeros(max(regs.n, 1) * sizeof(BatchOut), dtype=np.uint8)
+    cdef uint8_t[::1] outs_view = outs_arr
+    job.outs = <BatchOut*>&outs_view[0]
+    cdef Py_ssize_t i, split = regs.n
+    cdef int64_t total_bytes = 0
+    for i in range(regs.n):
+        total_bytes += regs.items[i].end - regs.items[i].start
+    if total_bytes >= PARALLEL_MIN_BYTES and regs.n >= 2:
+        split = regs.n // 2
+    # Pass 1: CRC and sizes.
+    if split < regs.n:
+        other = _second_core(job.count, split, regs.n)
+        job.count(0, split)
+        other.result()
+    else:
+        job.count(0, regs.n)
+    cdef BatchOut* o
+    cdef int64_t n = 0, kb = 0, vb = 0, nh = 0, hkb = 0, hvb = 0
+    for i in range(regs.n):
+        o = &job.outs[i]
+        _raise_status(o.status, o.err_pos, file)
+        if n >= limit:
+            o.n = 0
+            continue
+        if n + o.n > limit:
+            o.n = limit - n  # the fill pass stops at `limit` records
+        o.n0, o.k0, o.v0, o.h0, o.hk0, o.hv0 = n, kb, vb, nh, hkb, hvb
+        n += o.n
+        kb += o.key_bytes
+        vb += o.value_bytes
+        nh += o.n_headers
+        hkb += o.hk_bytes
+        hvb += o.hv_bytes
+    if limit < INT64_MAX_C and n == limit and regs.n:
+        # The last kept batch may be cut short: recount its bytes exactly while filling.
+        kb, vb, nh, hkb, hvb = _exact_totals(job, n)
+    job.limit = n
     offsets = np.empty(n, dtype=np.int64)
     timestamps = np.empty(n, dtype=np.int64)
     ts_types = np.empty(n, dtype=np.int8)
     key_offsets = np.empty(n + 1, dtype=np.int64)
     key_valid = np.empty(n, dtype=np.bool_)
-    key_data = np.empty(s.key_bytes, dtype=np.uint8)
+    key_data = np.empty(kb, dtype=np.uint8)
     value_offsets = np.empty(n + 1, dtype=np.int64)
     value_valid = np.empty(n, dtype=np.bool_)
-    value_data = np.empty(s.value_bytes, dtype=np.uint8)
-    cdef int64_t[::1] v_off = offsets, v_ts = timestamps, v_ko = key_offsets, v_vo = value_offsets
-    cdef int8_t[::1] v_tt = ts_types
-    cdef uint8_t[::1] v_kv = key_valid.view(np.uint8), v_vv = value_valid.view(np.uint8)
-    cdef uint8_t[::1] v_kd = key_data, v_vd = value_data
-    cdef int64_t[::1] v_ho, v_hko, v_hvo
-    cdef uint8_t[::1] v_hkd, v_hvd, v_hvv
-    cdef ColumnSink f
-    memset(&f, 0, sizeof(ColumnSink))
-    dummy = np.empty(1, dtype=np.uint8)
-    cdef uint8_t[::1] v_dummy = dummy
-    f.offsets = &v_off[0] if n else <int64_t*>&v_ko[0]
-    f.timestamps = &v_ts[0] if n else <int64_t*>&v_ko[0]
-    f.ts_types = &v_tt[0] if n else <int8_t*>&v_dummy[0]
-    f.key_offsets = &v_ko[0]
-    f.key_valid = &v_kv[0] if n else &v_dummy[0]
-    f.key_data = &v_kd[0] if s.key_bytes else &v_dummy[0]
-    f.value_offsets = &v_vo[0]
-    f.value_valid = &v_vv[0] if n else &v_dummy[0]
-    f.value_data = &v_vd[0] if s.value_bytes else &v_dummy[0]
-    v_ko[0] = 0
-    v_vo[0] = 0
+    value_data = np.empty(vb, dtype=np.uint8)
+    key_offsets[0] = 0
+    value_offsets[0] = 0
+    cdef ColumnSink* f = &job.sink
+    memset(f, 0, sizeof(ColumnSink))
+    dummy = np.empty(8, dtype=np.uint8)
+    f.offsets = <int64_t*>_addr(offsets, dummy)
+    f.timestamps = <int64_t*>_addr(timestamps, dummy)
+    f.ts_types = <int8_t*>_addr(ts_types, dummy)
+    f.key_offsets = <int64_t*>_addr(key_offsets, dummy)
+    f.key_valid = <uint8_t*>_addr(key_valid, dummy)
+    f.key_data = <uint8_t*>_addr(key_data, dummy)
+    f.value_offsets = <int64_t*>_addr(value_offsets, dummy)
+    f.value_valid = <uint8_t*>_addr(value_valid, dummy)
+    f.value_data = <uint8_t*>_addr(value_data, dummy)
     header_col = None
     if include_headers:
         hdr_offsets = np.empty(n + 1, dtype=np.int64)
-        hk_offsets = np.empty(s.n_headers + 1, dtype=np.int64)
-        hk_data = np.empty(s.hk_bytes, dtype=np.uint8)
-        hv_offsets = np.empty(s.n_headers + 1, dtype=np.int64)
-        hv_valid = np.empty(s.n_headers, dtype=np.bool_)
-        hv_data = np.empty(s.hv_bytes, dtype=np.uint8)
-        v_ho = hdr_offsets
-        v_hko = hk_offsets
-        v_hvo = hv_offsets
-        v_hkd = hk_data
-        v_hvd = hv_data
-        v_hvv = hv_valid.view(np.uint8)
-        v_ho[0] = 0
-        v_hko[0] = 0
-        v_hvo[0] = 0
-        f.hdr_offsets = &v_ho[0]
-        f.hk_offsets = &v_hko[0]
-        f.hv_offsets = &v_hvo[0]
-        f.hk_data = &v_hkd[0] if s.hk_bytes else &v_dummy[0]
-        f.hv_data = &v_hvd[0] if s.hv_bytes else &v_dummy[0]
-        f.hv_valid = &v_hvv[0] if s.n_headers else &v_dummy[0]
+        hk_offsets = np.empty(nh + 1, dtype=np.int64)
+        hk_data = np.empty(hkb, dtype=np.uint8)
+        hv_offsets = np.empty(nh + 1, dtype=np.int64)
+        hv_valid = np.empty(nh, dtype=np.bool_)
+        hv_data = np.empty(hvb, dtype=np.uint8)
+        hdr_offsets[0] = 0
+        hk_offsets[0] = 0
+        hv_offsets[0] = 0
+        f.hdr_offsets = <int64_t*>_addr(hdr_offsets, dummy)
+        f.hk_offsets = <int64_t*>_addr(hk_offsets, dummy)
+        f.hk_data = <uint8_t*>_addr(hk_data, dummy)
+        f.hv_offsets = <int64_t*>_addr(hv_offsets, dummy)
+        f.hv_valid = <uint8_t*>_addr(hv_valid, dummy)
+        f.hv_data = <uint8_t*>_addr(hv_data, dummy)
+    # Pass 2: copy into place.
     if n:
-        with nogil:
-            for i in range(regs.n):
-                st = decode_region_columns(&regs.items[i], &vec.items[regs.items[i].batch], lo,
-                                           hi, limit, include_headers, &f, &err_pos)
-                if st != ST_OK or f.n >= n:
-                    break
-        _raise_status(st, err_pos, file)
+        if split < regs.n:
+            other = _second_core(job.fill, split, regs.n)
+            job.fill(0, split)
+            other.result()
+        else:
+            job.fill(0, regs.n)
     if include_headers:
         header_col = HeaderColumn(
             hdr_offsets,
-            BinaryColumn(hk_data, hk_offsets, np.ones(s.n_headers, dtype=np.bool_)),
+            BinaryColumn(hk_data, hk_offsets, np.ones(nh, dtype=np.bool_)),
             BinaryColumn(hv_data, hv_offsets, hv_valid))
     return RecordColumns(offsets, timestamps, ts_types,
                          BinaryColumn(key_data, key_offsets, key_valid),
                          BinaryColumn(value_data, value_offsets, value_valid),
                          header_col, topic, partition)
+
+
+cdef size_t _addr(arr, dummy):
+    # Address of an array's first byte (a dummy for empty arrays, which are never written).
+    if arr.nbytes == 0:
+        arr = dummy
+    cdef uint8_t[::1] v = arr.view(np.uint8)
+    return <size_t>&v[0]
+
+
+cdef tuple _exact_totals(_DecodeJob job, int64_t n):
+    """Byte totals of the first n selected records (when max_records cuts a batch short)."""
+    cdef ColumnSink s
+    cdef Py_ssize_t i, err
+    memset(&s, 0, sizeof(ColumnSink))
+    with nogil:
+        for i in range(job.regs.n):
+            if s.n >= n:
+                break
+            decode_region_columns(&job.regs.items[i], &job.vec.items[job.regs.items[i].batch],
+                                  job.lo, job.hi, n, job.headers, &s, &err)
+    return s.key_bytes, s.value_bytes, s.n_headers, s.hk_bytes, s.hv_bytes
 
 
 def _columns_from_records(records, bint include_headers, topic, partition):

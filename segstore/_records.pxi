@@ -231,16 +231,25 @@ def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
     cdef Py_ssize_t i, r = 0
     cdef HeaderVec* vec = &scan.headers.vec
     mv = None
-    for i in range(vec.n):
-        if len(out) >= limit:
-            break
-        if r < regs.n and regs.items[r].batch == i:
-            _decode_region_records(out, &regs.items[r], &vec.items[i], lo, hi, limit, topic,
-                                   partition, file)
-            r += 1
-        elif vec.items[i].magic < 2 and vec.items[i].last_offset >= lo:
-            if mv is None:
-                mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
-            _decode_legacy(out, mv, _ptr(view), &vec.items[i], lo, hi, limit, validate_crc,
-                           topic, partition, file)
+    # The records hold no cycles; without this the collector rescans the growing list again
+    # and again (a 1M-record decode took 4x longer with it on).
+    gc_was_enabled = _gc.isenabled()
+    _gc.disable()
+    try:
+        for i in range(vec.n):
+            if len(out) >= limit:
+                break
+            if r < regs.n and regs.items[r].batch == i:
+                _decode_region_records(out, &regs.items[r], &vec.items[i], lo, hi, limit, topic,
+                                       partition, file)
+                r += 1
+            elif vec.items[i].magic < 2 and vec.items[i].last_offset >= lo:
+                if mv is None:
+                    mv = (memoryview(buf).cast("B") if not isinstance(buf, memoryview)
+                          else buf.cast("B"))
+                _decode_legacy(out, mv, _ptr(view), &vec.items[i], lo, hi, limit, validate_crc,
+                               topic, partition, file)
+    finally:
+        if gc_was_enabled:
+            _gc.enable()
     return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import mmap
 import struct
-import zlib
+import time
 
 import crc32c as crc32c_pkg
 import kafka.codec as kp_codec
@@ -57,7 +57,8 @@ SAMPLE = [
     (T0 + 7, None, b"no key here", [("h", b"v")]),
     (T0 - 3, b"tombstone", None, []),
     (T0 + 2, b"empty-value", b"", [("null-header", None), ("empty-header", b"")]),
-    (T0 + 1000, b"", b"empty key", [("\u00fcn\u00efc\u00f8d\u00e9-\u043a\u043b\u044e\u0447", b"\x00\xff")]),
+    (T0 + 1000, b"", b"empty key", [("\u00fcn\u00efc\u00f8d\u00e9-\u043a\u043b\u044e\u0447",
+                                     b"\x00\xff")]),
     (T0 + 1, None, None, []),
     (T0 + 5, b"k" * 300, bytes(range(256)) * 4, [("a", b"1"), ("b", b"2"), ("a", b"3")]),
 ]
@@ -145,7 +146,7 @@ def row_dict(row) -> dict:
 
 
 def oracle_header(buf, pos=0) -> dict:
-    """Header fields of the v2 batch at ``pos`` as kafka-python's DefaultRecordBatch reports them."""
+    """Header fields of the v2 batch at ``pos`` as kafka-python's DefaultRecordBatch sees them."""
     size = 12 + struct.unpack_from(">i", buf, pos + 8)[0]
     b = KpBatch(bytes(buf[pos:pos + size]))
     return dict(position=pos, size=b.size_in_bytes, base_offset=b.base_offset,
@@ -290,7 +291,8 @@ def test_ref_vectors_are_well_formed():
 
 def test_ref_two_record_vector_decodes():
     recs = _core.decode_records(REF_TWO_RECORDS)
-    assert [rec_tuple(r) for r in recs] == [(0, T0, 0, b"k", b"v", []), (1, T0 + 5, 0, b"k", None, [])]
+    assert [rec_tuple(r) for r in recs] == [(0, T0, 0, b"k", b"v", []),
+                                            (1, T0 + 5, 0, b"k", None, [])]
     assert decoded_columns(REF_TWO_RECORDS) == [rec_tuple(r) for r in recs]
     assert_scan_matches_oracle(REF_TWO_RECORDS)
 
@@ -395,8 +397,9 @@ def test_oracle_fake_log_file(tmp_path):
 
 
 def test_kafka_python_memory_records_builder_nonzero_first_delta():
-    # MemoryRecordsBuilder(offset=1000) writes baseOffset 0 and offset deltas 1000.. (producer style).
-    builder = KpMemoryRecordsBuilder(magic=2, compression_type=NONE, batch_size=1 << 20, offset=1000)
+    # MemoryRecordsBuilder(offset=1000) writes baseOffset 0 and offset deltas 1000, 1001, ...
+    builder = KpMemoryRecordsBuilder(magic=2, compression_type=NONE, batch_size=1 << 20,
+                                     offset=1000)
     for ts, key, value, headers in SAMPLE:
         assert builder.append(ts, key, value, list(headers)) is not None
     builder.close()
@@ -446,8 +449,9 @@ def test_segstore_batch_reads_in_oracles(codec):
     expected = model(SAMPLE, base_offset=500)
     check_in_oracles(buf, codec, expected)
     hdr = oracle_header(buf)
-    assert hdr == dict(position=0, size=len(buf), base_offset=500, last_offset=500 + len(SAMPLE) - 1,
-                       base_timestamp=T0, max_timestamp=T0 + 1000, producer_id=99,
+    assert hdr == dict(position=0, size=len(buf), base_offset=500,
+                       last_offset=500 + len(SAMPLE) - 1, base_timestamp=T0,
+                       max_timestamp=T0 + 1000, producer_id=99,
                        partition_leader_epoch=5, last_offset_delta=len(SAMPLE) - 1,
                        base_sequence=1234, records_count=len(SAMPLE), crc=hdr["crc"],
                        attributes=0x10 | codec, producer_epoch=2, magic=2)
@@ -477,6 +481,26 @@ def test_compression_by_name(name, codec):
     assert v2_header(encode(SAMPLE, compression=None))["attributes"] & 0x07 == NONE
 
 
+@pytest.mark.parametrize("codec,level", [(GZIP, 1), (GZIP, 9), (ZSTD, 1), (ZSTD, 19), (LZ4, 1),
+                                         (LZ4, 17)])
+def test_compression_levels(codec, level):
+    buf = encode(SAMPLE, compression=codec, compression_level=level)
+    check_in_oracles(buf, codec, model(SAMPLE))
+
+
+def test_bytes_like_inputs_and_default_timestamps():
+    before = int(time.time() * 1000)
+    values = [bytearray(b"v1"), memoryview(b"xv2")[1:], np.frombuffer(b"v3", np.uint8)]
+    buf = _core.encode_batch(values,
+                             keys=[memoryview(b"k1"), bytearray(b"k2"), None],
+                             headers=[[("h", bytearray(b"x"))], None, [("m", memoryview(b"y"))]])
+    after = int(time.time() * 1000)
+    recs = decoded(buf)
+    assert [r[3:] for r in recs] == [(b"k1", b"v1", [("h", b"x")]), (b"k2", b"v2", []),
+                                     (None, b"v3", [("m", b"y")])]
+    assert all(before <= r[1] <= after for r in recs)  # None means "now"
+
+
 @pytest.mark.parametrize("codec", ALL_CODECS)
 def test_encode_with_offset_gaps(codec):
     deltas = [0, 3, 4, 10, 11, 40, 41]
@@ -491,7 +515,8 @@ def test_encode_with_offset_gaps(codec):
 @pytest.mark.parametrize("codec", ALL_CODECS)
 def test_encode_columns_reads_in_oracles(codec):
     n = 23
-    values = BinaryColumn.from_pylist([None if i % 5 == 3 else b"v%d" % i * (i % 4) for i in range(n)])
+    values = BinaryColumn.from_pylist([None if i % 5 == 3 else (b"v%d" % i) * (i % 4)
+                                       for i in range(n)])
     keys = BinaryColumn.from_pylist([None if i % 3 == 0 else b"key-%d" % i for i in range(n)])
     ts = np.array([T0 + 10 * i - (i % 2) * 15 for i in range(n)], dtype=np.int64)
     res = _core.encode_columns(values, keys, ts, base_offset=1000, records_per_batch=5,
@@ -592,7 +617,8 @@ def test_log_append_time_encode(codec):
 
     res = _core.encode_columns(BinaryColumn.from_pylist([b"a", b"b"]), None, T0,
                                compression=codec, log_append_time_ms=lat)
-    assert oracle_log_records(res.data) == [(0, lat, 1, None, b"a", []), (1, lat, 1, None, b"b", [])]
+    assert oracle_log_records(res.data) == [(0, lat, 1, None, b"a", []),
+                                            (1, lat, 1, None, b"b", [])]
     assert decoded(res.data) == oracle_log_records(res.data)
 
 
@@ -631,7 +657,8 @@ def test_murmur2_matches_kafka_python(keys100k, kp_hashes):
     assert min(ours) < 0 < max(ours)  # really signed, like Java's Utils.murmur2
     assert _core.murmur2(b"") == 275646681
     for k in keys100k[:200]:
-        assert _core.murmur2(bytearray(k)) == _core.murmur2(memoryview(b"?" + k)[1:]) == signed32(kp_murmur2(k))
+        want = signed32(kp_murmur2(k))
+        assert _core.murmur2(bytearray(k)) == _core.murmur2(memoryview(b"?" + k)[1:]) == want
 
 
 def test_murmur2_partition_matches_default_partitioner(keys100k, kp_hashes):
@@ -779,11 +806,13 @@ def test_legacy_crc_is_validated():
 
 def test_mixed_magic_log():
     v0 = b"".join(legacy_message(0, i, b"a%d" % i, b"x") for i in range(3))
-    v1 = legacy_wrapper(1, [0, 1, 2], [(T0, None, b"p"), (T0 + 1, None, b"q"), (T0 + 2, b"r", None)], 5)
+    v1 = legacy_wrapper(1, [0, 1, 2], [(T0, None, b"p"), (T0 + 1, None, b"q"),
+                                       (T0 + 2, b"r", None)], 5)
     v2 = encode(SAMPLE, base_offset=6, compression=ZSTD)
     log = v0 + v1 + v2
     want = ([(i, -1, -1, b"a%d" % i, b"x", []) for i in range(3)]
-            + [(3, T0, 0, None, b"p", []), (4, T0 + 1, 0, None, b"q", []), (5, T0 + 2, 0, b"r", None, [])]
+            + [(3, T0, 0, None, b"p", []), (4, T0 + 1, 0, None, b"q", []),
+               (5, T0 + 2, 0, b"r", None, [])]
             + model(SAMPLE, base_offset=6))
     assert decoded(log) == want
     assert decoded_columns(log) == want
@@ -799,7 +828,7 @@ def test_mixed_magic_log():
 
 
 def filter_log():
-    """Legacy v1 wrapper 0..3, v2 4..8, a COMMIT marker at 9, v2 gzip with gaps 10..16, v2 17..19."""
+    """Legacy v1 wrapper 0..3, v2 4..8, a COMMIT marker at 9, gzip v2 with gaps 10..16, 17..19."""
     legacy = legacy_wrapper(1, [0, 1, 2, 3], [(T0 + i, b"L%d" % i, b"l") for i in range(4)], 3)
     b1 = encode(SAMPLE[:5], base_offset=4)
     marker = _core.encode_control_batch(ControlRecordType.COMMIT, producer_id=1, producer_epoch=0,

@@ -138,13 +138,13 @@ def test_reopen_after_close_restores_entries_and_lookups(tmp_path):  # REF §7 #
     idx.close()
     assert os.path.getsize(idx.path) == 60 * 8  # trimmed to its valid entries
     raw = np.fromfile(idx.path, dtype=OFFSET_DT)
-    assert (raw["rel"] + BASE).tolist() == offsets and raw["pos"].tolist() == [i * 64 for i in range(60)]
+    pairs = [(o, i * 64) for i, o in enumerate(offsets)]
+    assert list(zip((raw["rel"] + BASE).tolist(), raw["pos"].tolist())) == pairs
 
     again = offset_index(tmp_path, max_bytes=8 * 100)
     assert again.entries == 60 and again.last_offset == offsets[-1]
     for t in range(BASE - 2, BASE + 5002, 13):
-        assert again.lookup(t) == floor_oracle(offsets, [(o, i * 64) for i, o in enumerate(offsets)],
-                                               t, (BASE, 0))
+        assert again.lookup(t) == floor_oracle(offsets, pairs, t, (BASE, 0))
     again.close()
 
     ro = offset_index(tmp_path, writable=False)
@@ -153,6 +153,23 @@ def test_reopen_after_close_restores_entries_and_lookups(tmp_path):  # REF §7 #
         ro.append(offsets[-1] + 1, 0)
     with pytest.raises(PermissionError):
         ro.resize(8 * 1000)
+
+
+def test_readonly_view_of_preallocated_index_ignores_zero_padding(tmp_path):
+    idx = offset_index(tmp_path, max_bytes=8 * 50)
+    for i in range(3):
+        idx.append(BASE + 1 + 2 * i, 100 * (i + 1))
+    idx.flush()
+    assert os.path.getsize(idx.path) == 400  # still preallocated, zeros after 3 entries
+    ro = offset_index(tmp_path, writable=False)
+    assert ro.entries == 3
+    assert ro.lookup(BASE + 100) == (BASE + 5, 300) and ro.lookup(BASE) == (BASE, 0)
+    t = time_index(tmp_path, max_bytes=12 * 50)
+    t.maybe_append(10, BASE + 1)
+    t.maybe_append(20, BASE + 3)
+    t.flush()
+    tro = time_index(tmp_path, writable=False)
+    assert tro.entries == 2 and tro.lookup(10**6) == (20, BASE + 3)
 
 
 def test_trim_and_resize(tmp_path):  # REF §7 #9, §2.7

@@ -483,6 +483,11 @@ def test_delete_records(tmp_path):
     assert log.delete_records(120) == 120
     assert log.read(120) == []
     assert log.offset_for_time(T0) is None
+    log.truncate_to(21)  # below the log start offset: the start follows the end down
+    assert (log.log_start_offset, log.log_end_offset) == (20, 20)
+    assert log.read(20) == []
+    assert log.append(b"back", timestamp_ms=T0).offset == 20
+    assert [(r.offset, r.value) for r in log.read(20)] == [(20, b"back")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -629,6 +634,32 @@ def test_multi_batch_append_spanning_relative_overflow(tmp_path):  # REF §7 #27
     span, bases, recs = run_forked(scenario, timeout=3)  # a hang dies of SIGALRM
     assert span == (0, top + 2) and bases == [0, top + 1]
     assert recs == [(0, b"a"), (top, b"b"), (top + 1, b"c"), (top + 2, b"d")]
+
+
+def test_preallocated_log_rolls_trim_and_reopen(tmp_path):  # REF §7 #24
+    log = open_log(tmp_path / "t-0", segment_bytes=3000, preallocate=True)
+    expected = []
+    for i in range(60):
+        log.append(b"p%02d" % i * 30, timestamp_ms=T0 + i)
+        expected.append((i, T0 + i, None, b"p%02d" % i * 30, []))
+    segs = log.segments
+    assert len(segs) > 2
+    for seg in segs[:-1]:  # rolled segments are trimmed to their data
+        assert os.path.getsize(seg.log_path) == seg.size < 3000
+    assert os.path.getsize(segs[-1].log_path) >= segs[-1].size
+    assert [r.value for r in all_records(log)] == [e[3] for e in expected]
+    log.close()
+    check_directory(tmp_path / "t-0", expected)
+    again = open_log(tmp_path / "t-0", segment_bytes=3000, preallocate=True)
+    assert [s.size for s in again.segments] == [s.size for s in segs]
+    assert [r.value for r in all_records(again)] == [e[3] for e in expected]
+    again.roll()
+    again.append(b"tail", timestamp_ms=T0)  # then "crash": the new active file stays preallocated
+    assert os.path.getsize(again.active_segment.log_path) == 3000
+    crashed = open_log(tmp_path / "t-0", segment_bytes=3000, preallocate=True,
+                       had_clean_shutdown=False, recovery_point=0)
+    assert crashed.log_end_offset == 61
+    assert [r.value for r in all_records(crashed)] == [e[3] for e in expected] + [b"tail"]
 
 
 def test_record_too_large(tmp_path):
@@ -881,11 +912,6 @@ def test_readonly_on_missing_directory_is_empty(tmp_path):
     assert not (tmp_path / "nothing-0").exists()
 
 
-BUG_SIGBUS = ("BUG: a read-only reader maps a segment's index at the length it has when first "
-              "listed (10 MiB preallocated while active, zero padding counted as entries); the "
-              "writer trims it on roll and the reader's next lookup in it dies of SIGBUS")
-
-
 def test_readonly_sees_appends_to_active_segment(tmp_path):
     w = _filled(tmp_path, batches=5, segment_bytes=10**6)
     w.close()
@@ -950,6 +976,28 @@ def test_readonly_sees_appends_and_rolls_of_open_writer(tmp_path):
     assert by_time.offset == 77
 
 
+@pytest.mark.xfail(strict=True, reason="BUG: a read-only reader keeps a full copy of every index "
+                   "file it opened while the segment was active (the whole preallocated "
+                   "segment.index.bytes, ~20 MiB per segment), so a tailing reader's memory grows "
+                   "by ~20 MiB per roll")
+def test_tailing_readonly_reader_memory_is_bounded(tmp_path):
+    import resource
+
+    def scenario():
+        w = open_log(tmp_path / "t-0", segment_bytes=2000)
+        ro = open_log(tmp_path / "t-0", readonly=True)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for i in range(400):  # ~25 rolls, the reader refreshing after every append
+            w.append(b"x" * 50, timestamp_ms=T0)
+            assert ro.log_end_offset == i + 1
+        grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        return len(ro.segments), grown_kib
+
+    nsegs, grown_kib = run_forked(scenario)
+    assert nsegs > 20
+    assert grown_kib < 100 * 1024, f"reader grew by {grown_kib // 1024} MiB over {nsegs} segments"
+
+
 @pytest.mark.xfail(strict=True, reason="BUG: a read-only reader keeps the file descriptor of a "
                    "segment the writer truncated by rewrite+rename, so it serves truncated "
                    "records and never sees later appends to that segment")
@@ -968,8 +1016,9 @@ WRITER = textwrap.dedent(r"""
     import sys
     from segstore.config import TopicConfig
     from segstore.log import PartitionLog
-    directory, total = sys.argv[1], int(sys.argv[2])
-    config = TopicConfig.from_dict({"segment.bytes": 12000, "index.interval.bytes": 200})
+    directory, total, prealloc = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    config = TopicConfig.from_dict({"segment.bytes": 12000, "index.interval.bytes": 200,
+                                    "preallocate": prealloc})
     log = PartitionLog(directory, "t", 0, config, lambda: 1_700_000_000_000)
     print("ready", log.log_end_offset, flush=True)
     sys.stdin.readline()  # wait until the reader is open
@@ -984,16 +1033,19 @@ WRITER = textwrap.dedent(r"""
 """)
 
 
-def test_writer_subprocess_and_readonly_reader(tmp_path):
+@pytest.mark.parametrize("preallocate", [False, True])
+def test_writer_subprocess_and_readonly_reader(tmp_path, preallocate):
     """A writer process appends and rolls while this side reads read-only: every read is a
     gap-free prefix of what was written, and nothing raises."""
     directory = tmp_path / "t-0"
-    w = open_log(directory, segment_bytes=12000, index_interval_bytes=200)
+    w = open_log(directory, segment_bytes=12000, index_interval_bytes=200,
+                 preallocate=preallocate)
     for i in range(50):
         w.append(b"value-%d" % i, timestamp_ms=T0 + i)
     w.close()
     total = 3000
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(total)],
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(total),
+                             str(int(preallocate))],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=REPO)
     try:
@@ -1032,6 +1084,8 @@ def test_writer_subprocess_and_readonly_reader(tmp_path):
     assert reads > 1
     final = open_log(directory)
     assert [r.value for r in all_records(final)] == [b"value-%d" % i for i in range(total)]
+    final.close()
+    check_directory(directory, [(i, T0 + i, None, b"value-%d" % i, []) for i in range(total)])
 
 
 # ---------------------------------------------------------------------------------------------

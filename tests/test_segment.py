@@ -137,11 +137,11 @@ def test_sparse_rule_matches_oracle_over_many_appends(tmp_path, interval):
 
 def test_core_sparse_index_matches_oracle():
     rnd = random.Random(5)
-    for trial in range(40):
+    for _ in range(40):
         interval = rnd.choice([0, 1, 50, 500, 4096])
         parts = [enc(10 * i, rnd.randint(1, 3), ts=rnd.randint(-1, 1000),
                      values=[b"x" * rnd.randint(0, 400)] * 1) for i in range(rnd.randint(1, 30))]
-        data, batches = concat([p for p in parts])
+        data, batches = concat(parts)
         rows = [(int(b["position"]) + 77, int(b["size"]), int(b["last_offset"]),
                  int(b["max_timestamp"])) for b in batches]
         state = (rnd.randint(0, 5000), rnd.randint(-1, 500), 3, rnd.choice([-1, 200, 600]))
