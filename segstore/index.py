@@ -44,11 +44,12 @@ class _AbstractIndex:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 length = os.fstat(fd).st_size
-                if not exists or length == 0:
+                if not exists:
                     length = self._rounded(max_index_size)
                     os.ftruncate(fd, length)
                     self.entries = 0
                 else:
+                    # An existing empty file is a trimmed index with no entries, not a new one.
                     self.entries = length // self.entry_size
                 self._map(fd, length)
             finally:
@@ -65,6 +66,7 @@ class _AbstractIndex:
             self._length = len(data)
             self.entries = len(data) // self.entry_size
             self.entries = self.valid_prefix()
+            self._mm = data[:self.entries * self.entry_size]  # drop preallocated padding
         if trusted_entries is not None:
             self.entries = min(trusted_entries, self.entries)
         self.max_entries = self._length // self.entry_size

@@ -92,6 +92,7 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
         if n.endswith(_INDEX_SUFFIXES) and n[:1].isdigit() and _base_offset(n) not in log_set:
             _remove(os.path.join(directory, n))  # orphaned index
     result = LoadResult(segments=[])
+    early_lost: dict[int, int] = {}
     for base in logs:
         index_missing = not os.path.exists(os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}"))
         seg = LogSegment(directory, base, config, clock)
@@ -104,7 +105,9 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
                 log.warning("rebuilding indexes of %s: %s", seg.log_path, e)
                 needs = True
         if needs:
-            result.truncated_bytes += recover_segment(seg, config)
+            lost = recover_segment(seg, config)
+            early_lost[base] = lost
+            result.truncated_bytes += lost
             result.recovered_segments += 1
         result.segments.append(seg)
     if not had_clean_shutdown:
@@ -114,9 +117,10 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
             if s.base_offset <= recovery_point:
                 start = i
         for i in range(start, len(segs)):
-            lost = recover_segment(segs[i], config)
+            recovered = recover_segment(segs[i], config)
             result.recovered_segments += 1
-            result.truncated_bytes += lost
+            result.truncated_bytes += recovered
+            lost = recovered + early_lost.get(segs[i].base_offset, 0)
             if lost > 0:
                 for later in segs[i + 1:]:
                     log.warning("deleting %s after an unclean shutdown truncated %s",

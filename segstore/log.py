@@ -22,7 +22,7 @@ from .errors import (InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeErr
 from .loader import load_segments
 from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
                       OffsetAndTimestamp, RecordMetadata, TopicPartition)
-from .segment import DELETED_SUFFIX, LOG_SUFFIX, LogSegment
+from .segment import DELETED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment
 
 
 class AppendInfo(NamedTuple):
@@ -239,7 +239,13 @@ class PartitionLog:
                 start_byte = int(ends[i - 1]) if i else 0
                 room = self.config.segment_bytes - seg.size
                 fit = int(np.searchsorted(ends[i:] - start_byte, room, side="right"))
-                j = i + max(fit, 0)
+                # ... and whose offsets stay relative to the segment base (< 2^31).
+                rel_fit = int(np.searchsorted(batches["last_offset"][i:] - seg.base_offset,
+                                              MAX_RELATIVE_OFFSET, side="right"))
+                if rel_fit == 0 and seg.size == 0 and int(batches["base_offset"][i]) > seg.base_offset:
+                    self._roll_locked(int(batches["base_offset"][i]), force=True)
+                    continue
+                j = i + max(min(fit, rel_fit), 0)
                 if j == i and seg.size == 0:
                     j = i + 1
                 group = batches[i:j] if j > i else batches[i:i + 1]
@@ -292,13 +298,14 @@ class PartitionLog:
         with self._lock:
             return self._roll_locked(self._state.log_end_offset)
 
-    def _roll_locked(self, expected_next_offset: int) -> LogSegment:
+    def _roll_locked(self, expected_next_offset: int, force: bool = False) -> LogSegment:
         st = self._state
         active = st.segments[-1]
         new_base = max(expected_next_offset, st.log_end_offset)
         if active.size == 0 and active.base_offset == new_base:
             return active
-        if active.base_offset == new_base:  # empty active segment at the same base (KAFKA-6388)
+        if active.base_offset == new_base or (force and active.size == 0):
+            # An empty active segment is replaced rather than left behind (KAFKA-6388).
             segs = st.segments[:-1]
             active.delete_files()
         else:
@@ -500,7 +507,8 @@ class PartitionLog:
             for s in st.segments[len(keep):]:
                 self._retire(s)
             keep[-1].truncate_to(offset)
-            keep[-1].offset_index.resize(self.config.segment_index_bytes)
+            # Kafka sets the log end offset to the target and expects callers to truncate at
+            # batch edges; segstore ends the log where its data ends, so no offsets are skipped.
             leo = keep[-1].read_next_offset()
             self._state = _State(keep, min(st.log_start_offset, leo), leo)
             self.recovery_point = min(self.recovery_point, leo)
@@ -584,6 +592,9 @@ class PartitionLog:
             segs = []
             for b in bases:
                 s = old.get(b)
+                if s is not None and _replaced(s):
+                    s.close()  # truncated by the writer: a new file took the old one's name
+                    s = None
                 if s is None:
                     try:
                         s = LogSegment(self.directory, b, self.config, self.clock, readonly=True)
@@ -607,6 +618,14 @@ class PartitionLog:
                 leo = max(leo, segs[-2].read_next_offset())
             start = max(self._ro_start, segs[0].base_offset)
             self._state = _State(tuple(segs), min(start, leo), leo)
+
+
+def _replaced(seg: LogSegment) -> bool:
+    """True when the segment's path now names another file than the one held open."""
+    try:
+        return os.stat(seg.log_path).st_ino != os.fstat(seg._fd).st_ino
+    except (FileNotFoundError, OSError):
+        return True
 
 
 def _concat_columns(parts, include_headers, topic, partition) -> RecordColumns:

@@ -276,6 +276,9 @@ class LogSegment:
         """Drop the batch holding ``offset`` and everything after it; returns bytes removed."""
         first = self.translate_offset(offset)
         if first is None:
+            # Nothing to drop, but the segment may become active again: room in its indexes.
+            self.offset_index.resize(self.config.segment_index_bytes)
+            self.time_index.resize(self.config.segment_index_bytes)
             return 0
         keep = int(first["position"])
         removed = self.size - keep

@@ -274,9 +274,6 @@ def test_truncated_reopened_empty_segment_does_not_roll(tmp_path):  # REF §7 #1
     again.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: LogSegment.truncate_to resizes the indexes only when "
-                   "a batch is removed; Kafka always resizes them (REF §3.8), so a reopened "
-                   "segment (trimmed, full indexes) truncated at its end keeps should_roll True")
 def test_truncate_at_end_of_reopened_segment_resizes_indexes(tmp_path):
     clock = Clock(0)
     config = cfg(index_interval_bytes=0, segment_ms=10**9)
