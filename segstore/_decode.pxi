@@ -85,8 +85,10 @@ cdef struct Region:
     Py_ssize_t start
     Py_ssize_t end
     Py_ssize_t batch      # index into the scanned headers
+    const BatchHeader* header
     Py_ssize_t position   # batch position, for error reports
     bint crc_pending      # CRC still to check (done batch by batch, while the bytes are hot)
+    int source            # which buffer of a multi-buffer decode the batch came from
 
 
 # Output of a column decode; pointers are NULL on the counting pass.
@@ -246,6 +248,8 @@ cdef _Regions _regions(object obj, const uint8_t[::1] view, _Scan scan, int64_t 
             continue
         reg = &regs.items[regs.n]
         reg.batch = i
+        reg.header = h
+        reg.source = 0
         reg.position = h.position
         reg.crc_pending = validate_crc and codec == 0
         if codec == 0:
@@ -282,17 +286,17 @@ cdef struct BatchOut:
     int64_t n0, k0, v0, h0, hk0, hv0                                    # where it starts
 
 
-cdef int _count_batches(object mv, _Regions regs, HeaderVec* vec, Py_ssize_t i0, Py_ssize_t i1,
+cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
                         int64_t lo, int64_t hi, bint headers, BatchOut* outs) except -1:
     """Counting pass over regions [i0, i1): CRC (with the GIL, per batch) then sizes (nogil)."""
     cdef Py_ssize_t i
     cdef ColumnSink s
     cdef Region* reg
-    cdef BatchHeader* h
+    cdef const BatchHeader* h
     for i in range(i0, i1):
         reg = &regs.items[i]
-        h = &vec.items[reg.batch]
-        if reg.crc_pending and not _crc_ok(mv, h):
+        h = reg.header
+        if reg.crc_pending and not _crc_ok(mvs[reg.source], <BatchHeader*>h):
             outs[i].status = ST_CRC
             outs[i].err_pos = h.position
             return 0
@@ -311,7 +315,7 @@ cdef int _count_batches(object mv, _Regions regs, HeaderVec* vec, Py_ssize_t i0,
     return 0
 
 
-cdef void _fill_batches(_Regions regs, HeaderVec* vec, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
+cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
                         int64_t hi, int64_t limit, bint headers, const ColumnSink* base,
                         BatchOut* outs) noexcept nogil:
     """Fill pass over regions [i0, i1): each batch writes at its precomputed positions."""
@@ -328,8 +332,8 @@ cdef void _fill_batches(_Regions regs, HeaderVec* vec, Py_ssize_t i0, Py_ssize_t
         s.n_headers = outs[i].h0
         s.hk_bytes = outs[i].hk0
         s.hv_bytes = outs[i].hv0
-        decode_region_columns(&regs.items[i], &vec.items[regs.items[i].batch], lo, hi,
-                              limit, headers, &s, &err)
+        decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit, headers, &s,
+                              &err)
 
 
 _pool = None
@@ -355,21 +359,20 @@ def _set_parallel_min_bytes(int64_t n):
 
 cdef class _DecodeJob:
     """State shared by the two halves of a parallel column decode."""
-    cdef object mv
+    cdef list mvs          # one byte memoryview per source buffer
+    cdef list keep         # scans and regions whose C arrays the merged regions point into
     cdef _Regions regs
-    cdef HeaderVec* vec
     cdef int64_t lo, hi, limit
     cdef bint headers
     cdef BatchOut* outs
     cdef ColumnSink sink
 
     def count(self, Py_ssize_t i0, Py_ssize_t i1):
-        _count_batches(self.mv, self.regs, self.vec, i0, i1, self.lo, self.hi, self.headers,
-                       self.outs)
+        _count_batches(self.mvs, self.regs, i0, i1, self.lo, self.hi, self.headers, self.outs)
 
     def fill(self, Py_ssize_t i0, Py_ssize_t i1):
         with nogil:
-            _fill_batches(self.regs, self.vec, i0, i1, self.lo, self.hi, self.limit, self.headers,
+            _fill_batches(self.regs, i0, i1, self.lo, self.hi, self.limit, self.headers,
                           &self.sink, self.outs)
 
 
@@ -382,26 +385,65 @@ def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
     bytes, the second copies every batch to its precomputed place. Each pass splits the batches
     between two threads when the range is large.
     """
-    cdef const uint8_t[::1] view = buf
-    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
+    return decode_columns_multi([(buf, start, end, file)], min_offset=min_offset,
+                                end_offset=end_offset, max_records=max_records,
+                                validate_crc=validate_crc, include_headers=include_headers,
+                                topic=topic, partition=partition)
+
+
+def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_records=None,
+                         bint validate_crc=True, bint include_headers=False, topic=None,
+                         partition=None):
+    """decode_columns over several ``(buffer, start, end, file)`` ranges into one set of columns.
+
+    A log's segments decode straight into one allocation: no per-segment columns to concatenate.
+    """
     cdef int64_t lo = _opt_i64(min_offset, -INT64_MAX_C - 1)
     cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C)
     cdef int64_t limit = INT64_MAX_C if max_records is None else max_records
     if limit < 0:
         raise ValueError(f"max_records must be >= 0, got {max_records}")
-    cdef _Scan scan = _scan(buf, view, start, e, False, -1)
-    _raise_status(scan.status, scan.error_pos, file)
-    cdef _Regions regs = _regions(buf, view, scan, lo, hi, False, file, validate_crc)
-    if regs.has_legacy:
-        return _columns_from_records(
-            decode_records(buf, start, e, min_offset=min_offset, end_offset=end_offset,
-                           max_records=max_records, validate_crc=validate_crc, file=file),
-            include_headers, topic, partition)
-    cdef HeaderVec* vec = &scan.headers.vec
+    cdef const uint8_t[::1] view
+    cdef Py_ssize_t e, k, j, total_regions = 0
+    cdef _Scan scan
+    cdef _Regions part
+    cdef list parts = []
+    cdef list keep = []
+    cdef list mvs = []
+    files = []
+    for k, src in enumerate(sources):
+        buf, start, end, file = src
+        view = buf
+        e = _resolve_end(view.shape[0], start, end)
+        scan = _scan(buf, view, start, e, False, -1)
+        _raise_status(scan.status, scan.error_pos, file)
+        part = _regions(buf, view, scan, lo, hi, False, file, validate_crc)
+        if part.has_legacy:
+            return _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc,
+                                   include_headers, topic, partition)
+        for j in range(part.n):
+            part.items[j].source = <int>k
+        keep.append(scan)
+        keep.append(part)
+        parts.append(part)
+        files.append(file)
+        mvs.append(memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B"))
+        total_regions += part.n
+    # One region list across every source (region structs point into the kept scans).
+    cdef _Regions regs = _Regions.__new__(_Regions)
+    regs.items = <Region*>malloc(max(total_regions, 1) * sizeof(Region))
+    if regs.items == NULL:
+        raise MemoryError()
+    regs.n = 0
+    regs.keep = []
+    for part in parts:
+        if part.n:
+            memcpy(&regs.items[regs.n], part.items, part.n * sizeof(Region))
+            regs.n += part.n
     cdef _DecodeJob job = _DecodeJob.__new__(_DecodeJob)
-    job.mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
+    job.mvs = mvs
+    job.keep = keep
     job.regs = regs
-    job.vec = vec
     job.lo = lo
     job.hi = hi
     job.headers = include_headers
@@ -425,7 +467,7 @@ def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
     cdef int64_t n = 0, kb = 0, vb = 0, nh = 0, hkb = 0, hvb = 0
     for i in range(regs.n):
         o = &job.outs[i]
-        _raise_status(o.status, o.err_pos, file)
+        _raise_status(o.status, o.err_pos, files[regs.items[i].source])
         if n >= limit:
             o.n = 0
             continue
@@ -518,9 +560,21 @@ cdef tuple _exact_totals(_DecodeJob job, int64_t n):
         for i in range(job.regs.n):
             if s.n >= n:
                 break
-            decode_region_columns(&job.regs.items[i], &job.vec.items[job.regs.items[i].batch],
+            decode_region_columns(&job.regs.items[i], job.regs.items[i].header,
                                   job.lo, job.hi, n, job.headers, &s, &err)
     return s.key_bytes, s.value_bytes, s.n_headers, s.hk_bytes, s.hv_bytes
+
+
+def _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc, include_headers,
+                    topic, partition):
+    records = []
+    for buf, start, end, file in sources:
+        left = None if max_records is None else max_records - len(records)
+        if left is not None and left <= 0:
+            break
+        records += decode_records(buf, start, end, min_offset=min_offset, end_offset=end_offset,
+                                  max_records=left, validate_crc=validate_crc, file=file)
+    return _columns_from_records(records, include_headers, topic, partition)
 
 
 def _columns_from_records(records, bint include_headers, topic, partition):

@@ -410,24 +410,24 @@ class PartitionLog:
         offset = st.log_start_offset if offset is None else offset
         self._check_read_offset(offset, st)
         end = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
-        parts = []
-        remaining = max_records
+        sources = []
         for seg in self._segments_from(st, offset):
-            if seg.base_offset >= end or (remaining is not None and remaining <= 0):
+            if seg.base_offset >= end:
                 break
-            first = seg.translate_offset(offset)
-            if first is None:
-                continue
-            cols = _core.decode_columns(seg.buffer(), int(first["position"]), seg.size,
-                                        min_offset=offset, end_offset=end,
-                                        max_records=remaining, include_headers=include_headers,
-                                        topic=self.topic, partition=self.partition,
-                                        file=seg.log_path)
-            if len(cols):
-                parts.append(cols)
-                if remaining is not None:
-                    remaining -= len(cols)
-        return _concat_columns(parts, include_headers, self.topic, self.partition)
+            start = 0
+            if not sources:
+                first = seg.translate_offset(offset)
+                if first is None:
+                    continue
+                start = int(first["position"])
+            size = seg.size  # read once: appends may grow it meanwhile
+            if size > start:
+                sources.append((seg.buffer(size), start, size, seg.log_path))
+        # One compiled decode over every segment, straight into one set of arrays.
+        return _core.decode_columns_multi(sources, min_offset=offset, end_offset=end,
+                                          max_records=max_records,
+                                          include_headers=include_headers, topic=self.topic,
+                                          partition=self.partition)
 
     def iter_records(self, start_offset: Optional[int] = None,
                      end_offset: Optional[int] = None) -> Iterator[ConsumerRecord]:
@@ -626,39 +626,3 @@ def _replaced(seg: LogSegment) -> bool:
         return os.stat(seg.log_path).st_ino != os.fstat(seg._fd).st_ino
     except (FileNotFoundError, OSError):
         return True
-
-
-def _concat_columns(parts, include_headers, topic, partition) -> RecordColumns:
-    """Join per-segment columns (no copy when there is one part)."""
-    from .columns import HeaderColumn
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        empty = BinaryColumn(np.empty(0, np.uint8), np.zeros(1, np.int64), np.empty(0, np.bool_))
-        hdr = HeaderColumn(np.zeros(1, np.int64), empty, empty) if include_headers else None
-        return RecordColumns(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int8),
-                             empty, empty, hdr, topic, partition)
-
-    def cat_bin(cols):
-        offs = [cols[0].offsets]
-        base = cols[0].offsets[-1]
-        for c in cols[1:]:
-            offs.append(c.offsets[1:] + base)
-            base += c.offsets[-1]
-        return BinaryColumn(np.concatenate([c.data for c in cols]), np.concatenate(offs),
-                            np.concatenate([c.valid for c in cols]))
-    hdr = None
-    if include_headers:
-        hs = [p.headers for p in parts]
-        offs = [hs[0].offsets]
-        base = hs[0].offsets[-1]
-        for h in hs[1:]:
-            offs.append(h.offsets[1:] + base)
-            base += h.offsets[-1]
-        hdr = HeaderColumn(np.concatenate(offs), cat_bin([h.keys for h in hs]),
-                           cat_bin([h.values for h in hs]))
-    return RecordColumns(np.concatenate([p.offsets for p in parts]),
-                         np.concatenate([p.timestamps_ms for p in parts]),
-                         np.concatenate([p.timestamp_types for p in parts]),
-                         cat_bin([p.keys for p in parts]), cat_bin([p.values for p in parts]),
-                         hdr, topic, partition)

@@ -117,13 +117,14 @@ class LogSegment:
 
         Returns a BATCH_DTYPE row (position is in the file) or None.
         """
+        size = self.size  # read once: an append may grow it while we scan
         _, pos = self.offset_index.lookup(offset)
         pos = max(pos, start_position)
-        if pos > self.size:  # an entry past the data: never trust it, scan from the start
+        if pos > size:  # an entry past the data: never trust it, scan from the start
             pos = start_position
-        buf = self.buffer()
-        while pos < self.size:
-            res = _core.scan_batches(buf, pos, self.size, max_batches=64, file=self.log_path)
+        buf = self.buffer(size)
+        while pos < size:
+            res = _core.scan_batches(buf, pos, size, max_batches=64, file=self.log_path)
             b = res.batches
             if len(b) == 0:
                 return None
@@ -144,12 +145,13 @@ class LogSegment:
         if first is None:
             return None
         start = int(first["position"])
-        limit = self.size if max_position is None else min(max_position, self.size)
+        size = max(self.size, start + int(first["size"]))
+        limit = size if max_position is None else min(max_position, size)
         budget = max(max_bytes, int(first["size"])) if min_one_message else max_bytes
         end = min(limit, start + budget)
         if end <= start:
             return None
-        return self.buffer(), start, end
+        return self.buffer(end), start, end
 
     # -- timestamps -------------------------------------------------------------------------
     def _load_max_timestamp(self) -> tuple[int, int]:
