@@ -24,12 +24,12 @@ install: $(STAMP)
 demo: install
 	$(PY) examples/quickstart.py
 
-# The whole suite on the optimized build, then the byte-level suites again on the debug build
+# The whole suite on the optimized build, then again on the debug build
 # (bounds and wraparound checks on), so an out-of-bounds read fails loudly. -P keeps the source
 # tree (the optimized build) off sys.path so PYTHONPATH's debug copy is the one imported.
 test: install debug-build
 	$(PY) -m pytest -q -p no:cacheprovider
-	PYTHONPATH=$(DEBUG_DIR) SEGSTORE_EXPECT_DEBUG=1 $(PY) -P -m pytest -q -p no:cacheprovider -m "not spark" tests/test_codec_debug_build.py tests/test_core_codec.py tests/test_damage.py
+	PYTHONPATH=$(DEBUG_DIR) SEGSTORE_EXPECT_DEBUG=1 $(PY) -P -m pytest -q -p no:cacheprovider -m "not spark and not slow" tests
 
 test-fast: install
 	$(PY) -m pytest -q -x -p no:cacheprovider -m "not slow and not spark"
