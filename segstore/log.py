@@ -141,13 +141,16 @@ class PartitionLog:
                      base_sequence: int = -1, is_transactional: bool = False) -> AppendInfo:
         """Append records from Python lists as one batch (offsets assigned by the log)."""
         self._check_writable()
-        if timestamps_ms is None:
-            timestamps_ms = self.clock()
-        data = _core.encode_batch(
-            values, keys, headers, timestamps_ms, compression=self._codec(compression),
-            producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
-            is_transactional=is_transactional, partition_leader_epoch=0)
-        return self._append_encoded(bytearray(data))
+        codec = self._codec(compression)
+        with self._lock:  # encoding at the log end offset: nothing to patch afterwards
+            now = self.clock()
+            data = _core.encode_batch(
+                values, keys, headers, now if timestamps_ms is None else timestamps_ms,
+                base_offset=self._state.log_end_offset, compression=codec,
+                log_append_time_ms=self._log_append_time(now), producer_id=producer_id,
+                producer_epoch=producer_epoch, base_sequence=base_sequence,
+                is_transactional=is_transactional, partition_leader_epoch=0)
+            return self._append_encoded(data, None, assigned=True)
 
     def append_columns(self, values: BinaryColumn, keys: Optional[BinaryColumn] = None,
                        timestamps_ms=None, *, records_per_batch: int = 4096,
@@ -159,14 +162,17 @@ class PartitionLog:
             raise InvalidRecordError("append_columns takes BinaryColumn values and keys")
         if len(values) == 0:
             raise InvalidRecordError("append_columns needs at least one record")
-        if timestamps_ms is None:
-            timestamps_ms = self.clock()
-        enc = _core.encode_columns(values, keys, timestamps_ms,
-                                   records_per_batch=records_per_batch,
-                                   max_batch_bytes=min(self.config.max_message_bytes,
-                                                       self.config.segment_bytes),
-                                   compression=self._codec(compression), partition_leader_epoch=0)
-        return self._append_encoded(bytearray(enc.data), enc.batches)
+        codec = self._codec(compression)
+        with self._lock:  # encoding at the log end offset: no copy to patch base offsets
+            now = self.clock()
+            enc = _core.encode_columns(values, keys, now if timestamps_ms is None else timestamps_ms,
+                                       base_offset=self._state.log_end_offset,
+                                       records_per_batch=records_per_batch,
+                                       max_batch_bytes=min(self.config.max_message_bytes,
+                                                           self.config.segment_bytes),
+                                       compression=codec, partition_leader_epoch=0,
+                                       log_append_time_ms=self._log_append_time(now))
+            return self._append_encoded(enc.data, enc.batches, assigned=True)
 
     def append_control(self, control_type: int, *, producer_id: int, producer_epoch: int,
                        coordinator_epoch: int = 0) -> AppendInfo:
@@ -193,13 +199,19 @@ class PartitionLog:
             raise InvalidRecordError("only record batch v2 (magic 2) can be appended")
         return self._append_encoded(buf, res.batches)
 
+    def _log_append_time(self, now: int) -> Optional[int]:
+        return now if self.config.message_timestamp_type == "LogAppendTime" else None
+
     def _codec(self, compression) -> int:
         if compression is None:
             ct = self.config.compression_type
             compression = 0 if ct in ("producer", "uncompressed") else ct
         return codec_id(compression)
 
-    def _append_encoded(self, buf: bytearray, batches: Optional[np.ndarray] = None) -> AppendInfo:
+    def _append_encoded(self, buf, batches: Optional[np.ndarray] = None,
+                        assigned: bool = False) -> AppendInfo:
+        """Write encoded batches; ``assigned`` means they were encoded at the log end offset
+        (under the lock) with LogAppendTime already stamped, so nothing is rewritten."""
         if batches is None:
             batches = _core.scan_batches(buf).batches
         else:
@@ -220,16 +232,19 @@ class PartitionLog:
             self._check_writable()
             now = self.clock()
             leo = self._state.log_end_offset
-            # Assign offsets: rewrite each batch's baseOffset (outside the CRC).
-            deltas = batches["last_offset"] - batches["base_offset"]
-            counts = deltas + 1
-            new_base = leo + np.concatenate(([0], np.cumsum(counts)[:-1]))
-            for i in range(len(batches)):
-                _core.set_base_offset(buf, int(batches["position"][i]), int(new_base[i]), 0)
-            batches["base_offset"] = new_base
-            batches["last_offset"] = new_base + deltas
-            if log_append:
-                buf, batches = self._stamp_log_append_time(buf, batches, now)
+            if assigned and int(batches["base_offset"][0]) != leo:
+                raise AssertionError("batches were encoded at another offset than the log end")
+            if not assigned:
+                # Assign offsets: rewrite each batch's baseOffset (outside the CRC).
+                deltas = batches["last_offset"] - batches["base_offset"]
+                counts = deltas + 1
+                new_base = leo + np.concatenate(([0], np.cumsum(counts)[:-1]))
+                for i in range(len(batches)):
+                    _core.set_base_offset(buf, int(batches["position"][i]), int(new_base[i]), 0)
+                batches["base_offset"] = new_base
+                batches["last_offset"] = new_base + deltas
+                if log_append:
+                    buf, batches = self._stamp_log_append_time(buf, batches, now)
             first = int(batches["base_offset"][0])
             last = int(batches["last_offset"][-1])
             i, n = 0, len(batches)
@@ -631,11 +646,16 @@ class PartitionLog:
                 names = []
             bases = sorted(int(n[:20]) for n in names
                            if n.endswith(LOG_SUFFIX) and len(n) == 24 and n[:20].isdigit())
-            old = {s.base_offset: s for s in self._state.segments}
+            prev = self._state.segments
+            old = {s.base_offset: s for s in prev}
+            # When the listing is unchanged only the tail can have changed; otherwise (a roll,
+            # a deletion, a truncation) every segment is checked for a replaced file.
+            same_listing = [s.base_offset for s in prev] == bases
             segs = []
-            for b in bases:
+            for i, b in enumerate(bases):
                 s = old.get(b)
-                if s is not None and _replaced(s):
+                check = s is not None and (not same_listing or i == len(bases) - 1)
+                if check and _replaced(s):
                     s.close()  # truncated by the writer: a new file took the old one's name
                     s = None
                 if s is None:
@@ -643,21 +663,30 @@ class PartitionLog:
                         s = LogSegment(self.directory, b, self.config, self.clock, readonly=True)
                     except FileNotFoundError:
                         continue  # deleted while we listed it
+                    s._ro_scan = (0, 0, None)  # (file length seen, valid end, next offset)
                 segs.append(s)
             if not segs:
                 self._state = _State((), self._ro_start, self._ro_start)
                 return
             # Sealed segments are whole files; the last one ends at its last CRC-valid batch.
-            for s in segs[:-1]:
-                s.size = os.fstat(s._fd).st_size
+            if not same_listing:
+                for s in segs[:-1]:
+                    s.size = os.fstat(s._fd).st_size
             tail = segs[-1]
             length = os.fstat(tail._fd).st_size
-            res = _core.scan_batches(tail.buffer(length) if length else b"", 0, length,
-                                     validate_crc=True, raise_on_corrupt=False)
-            tail.size = res.valid_end
-            b = res.batches
-            leo = int(b["last_offset"][-1]) + 1 if len(b) else tail.base_offset
-            if len(segs) > 1 and not len(b):
+            seen, valid_end, next_offset = tail._ro_scan
+            if length != seen:
+                # Only the bytes added since the last look are scanned (CRC-checked).
+                res = _core.scan_batches(tail.buffer(length), valid_end, length,
+                                         validate_crc=True, raise_on_corrupt=False)
+                b = res.batches
+                valid_end = res.valid_end
+                if len(b):
+                    next_offset = int(b["last_offset"][-1]) + 1
+                tail._ro_scan = (length, valid_end, next_offset)
+            tail.size = valid_end
+            leo = next_offset if next_offset is not None else tail.base_offset
+            if len(segs) > 1 and next_offset is None:
                 leo = max(leo, segs[-2].read_next_offset())
             start = max(self._ro_start, segs[0].base_offset)
             self._state = _State(tuple(segs), min(start, leo), leo)

@@ -32,6 +32,7 @@ from .errors import (InvalidTopicError, ReadOnlyStoreError, StoreClosedError, St
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .log import PartitionLog
 from .records import OffsetAndTimestamp, RecordMetadata, TopicPartition
+from .retention import RetentionReport, enforce as _enforce_retention
 
 log = logging.getLogger("segstore.store")
 
@@ -39,6 +40,9 @@ _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 _PARTITION_DIR = re.compile(r"(.+)-(\d+)")
 MAX_TOPIC_LENGTH = 249
 META_DIR = ".segstore"
+# Kafka's log.initial.task.delay.ms: the first retention pass runs this long after startup (or
+# after one log.retention.check.interval.ms, when that is shorter).
+RETENTION_INITIAL_DELAY_MS = 30_000
 
 
 def validate_topic_name(name) -> str:
@@ -82,6 +86,8 @@ class LogStore:
         self._services: list[threading.Thread] = []
         self._stop = threading.Event()
         self._last_checkpoint_ms = self.clock()
+        self._next_retention_ms = self._last_checkpoint_ms + min(
+            RETENTION_INITIAL_DELAY_MS, self.config.retention_check_interval_ms)
         if readonly:
             if not os.path.isdir(self.path):
                 raise FileNotFoundError(errno.ENOENT, "no segstore directory", self.path)
@@ -341,7 +347,9 @@ class LogStore:
     # -- services ---------------------------------------------------------------------------
     def tick(self, now_ms: Optional[int] = None) -> None:
         """Run what the background services do, once: flush by ``flush.ms``, write
-        checkpoints when due, and delete ``.deleted`` segments whose delay has passed."""
+        checkpoints when due, run retention every ``log.retention.check.interval.ms`` (the
+        first pass 30 s after opening, or one interval if shorter) and delete ``.deleted``
+        segments whose delay has passed."""
         if self.readonly or self._closed:
             return
         now = self.clock() if now_ms is None else now_ms
@@ -352,6 +360,9 @@ class LogStore:
         if now - self._last_checkpoint_ms >= interval:
             self.write_checkpoints()
             self._last_checkpoint_ms = now
+        if now >= self._next_retention_ms:
+            self._next_retention_ms = now + self.config.retention_check_interval_ms
+            self.enforce_retention(now_ms=now)  # logs each deletion; errors per partition
         self._delete_due(now)
 
     def _delete_due(self, now: Optional[int]) -> int:
@@ -362,6 +373,47 @@ class LogStore:
         for seg in due:
             seg.delete_files()
         return len(due)
+
+    def enforce_retention(self, now_ms: Optional[int] = None, dry_run: bool = False, *,
+                          include_compacted: bool = True) -> RetentionReport:
+        """Delete old segments by ``retention.ms``, ``retention.bytes`` and the log start offset
+        (REF §5), in every partition; returns what went, per partition.
+
+        The rules follow each topic's ``cleanup.policy`` as it is now (so altered configs apply
+        at the next pass): ``delete`` and ``compact,delete`` apply all three, ``compact`` and the
+        empty policy only the log-start-offset rule. Deleted segments are renamed ``.deleted``
+        and removed ``file.delete.delay.ms`` later by :meth:`tick` (or at close). ``now_ms``
+        defaults to the store clock; ``dry_run=True`` changes nothing (read-only stores allow
+        it).
+
+        Kafka runs retention of compacted logs from its cleaner threads, after each cleaning
+        attempt. segstore has no cleaner threads yet, so this pass (and :meth:`tick`) covers
+        compacted logs too; the cleaner will take them over by calling this with
+        ``include_compacted=False`` from :meth:`tick` and ``segstore.retention.enforce`` per log.
+        """
+        if dry_run:
+            self._check_open()
+        else:
+            self._check_writable()
+        now = self.clock() if now_ms is None else now_ms
+        report = RetentionReport(now_ms=now, dry_run=dry_run)
+        with self._lock:
+            logs = list(self._logs.items())
+        for tp, lg in logs:
+            if not include_compacted and lg.config.compact:
+                continue
+            try:
+                # The store's lock before the log's, the order delete_topic and close take them:
+                # deleting segments schedules them on the store's queue (the store's lock) while
+                # holding the log's lock. Appends and reads take neither.
+                with self._lock:
+                    if lg._closed:
+                        continue  # its topic was deleted during the pass
+                    report.partitions[tp] = _enforce_retention(lg, now, dry_run=dry_run)
+            except Exception as e:  # one failing partition must not stop the others
+                log.exception("retention of %s-%d failed", tp.topic, tp.partition)
+                report.errors[tp] = f"{type(e).__name__}: {e}"
+        return report
 
     def write_checkpoints(self) -> None:
         """Write the recovery-point and log-start-offset checkpoint files."""
