@@ -19,6 +19,7 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 
 import gc as _gc
+import mmap as _mmap
 import time
 import zlib
 

@@ -89,6 +89,7 @@ cdef struct Region:
     Py_ssize_t position   # batch position, for error reports
     bint crc_pending      # CRC still to check (done batch by batch, while the bytes are hot)
     int source            # which buffer of a multi-buffer decode the batch came from
+    bint release          # the bytes lie in a shared file mapping whose pages may be dropped
 
 
 # Output of a column decode; pointers are NULL on the counting pass.
@@ -250,6 +251,7 @@ cdef _Regions _regions(object obj, const uint8_t[::1] view, _Scan scan, int64_t 
         reg.batch = i
         reg.header = h
         reg.source = 0
+        reg.release = False
         reg.position = h.position
         reg.crc_pending = validate_crc and codec == 0
         if codec == 0:
@@ -276,6 +278,27 @@ cdef _Regions _regions(object obj, const uint8_t[::1] view, _Scan scan, int64_t 
 
 cdef inline int64_t _opt_i64(object v, int64_t default) except? -1:
     return default if v is None else v
+
+
+cdef extern from "sys/mman.h" nogil:
+    int madvise(void* addr, size_t length, int advice)
+    int MADV_DONTNEED
+
+cdef size_t PAGE = _mmap.PAGESIZE
+
+
+cdef inline void _release_batch(const Region* reg) noexcept nogil:
+    """Drop this process's page-table entries for the whole pages of a batch read from a
+    shared file mapping: the data stays in the page cache and a later touch maps it again,
+    so reading a large log does not hold its file pages in the reader's resident memory."""
+    if not reg.release:
+        return
+    cdef size_t a = <size_t>(reg.data + reg.header.position)
+    cdef size_t b = a + <size_t>reg.header.size
+    a = (a + PAGE - 1) & ~(PAGE - 1)
+    b = b & ~(PAGE - 1)
+    if b > a:
+        madvise(<void*>a, b - a, MADV_DONTNEED)
 
 
 # Per-batch output sizes and start positions of a column decode.
@@ -310,6 +333,7 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
             outs[i].n_headers = s.n_headers
             outs[i].hk_bytes = s.hk_bytes
             outs[i].hv_bytes = s.hv_bytes
+            _release_batch(reg)
         if outs[i].status != ST_OK:
             return 0
     return 0
@@ -334,6 +358,7 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
         s.hv_bytes = outs[i].hv0
         decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit, headers, &s,
                               &err)
+        _release_batch(&regs.items[i])
 
 
 _pool = None
@@ -412,7 +437,8 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     cdef list mvs = []
     files = []
     for k, src in enumerate(sources):
-        buf, start, end, file = src
+        buf, start, end, file = src[:4]
+        release = len(src) > 4 and bool(src[4])
         view = buf
         e = _resolve_end(view.shape[0], start, end)
         scan = _scan(buf, view, start, e, False, -1)
@@ -423,6 +449,8 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
                                    include_headers, topic, partition)
         for j in range(part.n):
             part.items[j].source = <int>k
+            # Only uncompressed batches point into the mapping (compressed ones were inflated).
+            part.items[j].release = release and part.items[j].data == _ptr(view)
         keep.append(scan)
         keep.append(part)
         parts.append(part)
@@ -568,7 +596,8 @@ cdef tuple _exact_totals(_DecodeJob job, int64_t n):
 def _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc, include_headers,
                     topic, partition):
     records = []
-    for buf, start, end, file in sources:
+    for src in sources:
+        buf, start, end, file = src[:4]
         left = None if max_records is None else max_records - len(records)
         if left is not None and left <= 0:
             break

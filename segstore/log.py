@@ -7,6 +7,7 @@ offset) that a writer replaces in one assignment after each change (copy-on-writ
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from typing import Iterator, NamedTuple, Optional
@@ -61,7 +62,7 @@ class PartitionLog:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._closed = False
-        self._delete_later = delete_later or (lambda seg: seg.delete_files())
+        self._delete_later = delete_later or (lambda seg, delay_ms: seg.delete_files())
         self.last_flush_ms = clock()
         if readonly:
             self.recovery_point = 0
@@ -437,7 +438,9 @@ class PartitionLog:
                 start = int(first["position"])
             size = seg.size  # read once: appends may grow it meanwhile
             if size > start:
-                sources.append((seg.buffer(size), start, size, seg.log_path))
+                buf = seg.buffer(size)
+                # Pages of a shared file mapping can be dropped once decoded (see _core).
+                sources.append((buf, start, size, seg.log_path, isinstance(buf, mmap.mmap)))
         # One compiled decode over every segment, straight into one set of arrays.
         return _core.decode_columns_multi(sources, min_offset=offset, end_offset=end,
                                           max_records=max_records,
@@ -608,7 +611,7 @@ class PartitionLog:
         # Rename to .deleted now, delete after file.delete.delay.ms (readers may still hold it).
         if seg.suffix == "":
             seg.change_file_suffixes("", DELETED_SUFFIX)
-        self._delete_later(seg)
+        self._delete_later(seg, self.config.file_delete_delay_ms)  # the live config's delay
 
     # -- verification -----------------------------------------------------------------------
     def verify(self) -> list:

@@ -82,6 +82,7 @@ class LogStore:
         self._topics: dict[str, dict] = {}        # name -> {"partitions": n, "config": TopicConfig}
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._delete_queue: list = []            # (due_ms, segment) awaiting physical deletion
+        self._delete_lock = threading.Lock()     # its own lock: logs queue while holding theirs
         self._round_robin = itertools.count()
         self._services: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -179,10 +180,9 @@ class LogStore:
                             recovery_point=recovery_point, log_start_offset=log_start,
                             had_clean_shutdown=clean, delete_later=self._schedule_delete)
 
-    def _schedule_delete(self, segment) -> None:
-        delay = segment.config.file_delete_delay_ms
-        with self._lock:
-            self._delete_queue.append((self.clock() + delay, segment))
+    def _schedule_delete(self, segment, delay_ms: int) -> None:
+        with self._delete_lock:
+            self._delete_queue.append((self.clock() + delay_ms, segment))
 
     # -- checks -----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -229,8 +229,9 @@ class LogStore:
                 tp = TopicPartition(name, p)
                 lg = self._logs.pop(tp)
                 lg.close()
-                self._delete_queue = [(d, s) for d, s in self._delete_queue
-                                      if not s.directory == lg.directory]
+                with self._delete_lock:
+                    self._delete_queue = [(d, s) for d, s in self._delete_queue
+                                          if not s.directory == lg.directory]
                 # Kafka's <topic>-<p>.<uuid>-delete, the topic cut so the name fits 255 bytes.
                 suffix = f"-{p}.{uuid.uuid4().hex}-delete"
                 gone = os.path.join(self.path, name[:255 - len(suffix)] + suffix)
@@ -366,7 +367,7 @@ class LogStore:
         self._delete_due(now)
 
     def _delete_due(self, now: Optional[int]) -> int:
-        with self._lock:
+        with self._delete_lock:
             due = [s for d, s in self._delete_queue if now is None or d <= now]
             self._delete_queue = [(d, s) for d, s in self._delete_queue
                                   if not (now is None or d <= now)]

@@ -206,3 +206,35 @@ def best_of_pair(fa, fb, repeat: int = 3) -> tuple[float, float]:
         if gc_was_enabled:
             gc.enable()
     return best_a, best_b
+
+
+def best_of_pair_fresh(make_a, make_b, repeat: int = 3) -> tuple[float, float]:
+    """Like :func:`best_of_pair`, but every run starts from fresh state, prepared untimed.
+
+    ``make_a()`` / ``make_b()`` prepare one run and return ``(run, cleanup)``: only ``run()`` is
+    timed, ``cleanup()`` (which may be None) runs right after it, also untimed. Runs are
+    interleaved a, b, a, b, ... with the garbage collector off while timing.
+    """
+    best_a = best_b = float("inf")
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            for make, side in ((make_a, 0), (make_b, 1)):
+                run, cleanup = make()
+                try:
+                    gc.collect()
+                    t0 = time.perf_counter()
+                    run()
+                    elapsed = time.perf_counter() - t0
+                finally:
+                    if cleanup is not None:
+                        cleanup()
+                if side == 0:
+                    best_a = min(best_a, elapsed)
+                else:
+                    best_b = min(best_b, elapsed)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return best_a, best_b
