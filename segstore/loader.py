@@ -96,15 +96,9 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
     for base in logs:
         index_missing = not os.path.exists(os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}"))
         seg = LogSegment(directory, base, config, clock)
-        needs = index_missing or seg.offset_index.entries * 8 != seg.offset_index.file_size
-        if not needs:
-            try:
-                seg.offset_index.sanity_check(seg.size)
-                seg.time_index.sanity_check()
-            except CorruptIndexError as e:
-                log.warning("rebuilding indexes of %s: %s", seg.log_path, e)
-                needs = True
-        if needs:
+        # Index files that exist are checked when first used (LogSegment loads them lazily and
+        # rebuilds any that fail the check), so opening a large store touches no index.
+        if index_missing:
             lost = recover_segment(seg, config)
             early_lost[base] = lost
             result.truncated_bytes += lost

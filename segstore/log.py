@@ -326,6 +326,7 @@ class PartitionLog:
             active.delete_files()
         else:
             active.on_become_inactive()
+            active.release_files()  # sealed: reopened lazily, so descriptors do not pile up
             segs = st.segments
         seg = LogSegment(self.directory, new_base, self.config, self.clock,
                          preallocate=self.config.preallocate)
@@ -674,7 +675,7 @@ class PartitionLog:
             # Sealed segments are whole files; the last one ends at its last CRC-valid batch.
             if not same_listing:
                 for s in segs[:-1]:
-                    s.size = os.fstat(s._fd).st_size
+                    s.size = os.fstat(s._fd).st_size  # held open: safe if deleted meanwhile
             tail = segs[-1]
             length = os.fstat(tail._fd).st_size
             seen, valid_end, next_offset = tail._ro_scan
@@ -707,6 +708,6 @@ def _swap_step(step: str, base_offset: int) -> None:
 def _replaced(seg: LogSegment) -> bool:
     """True when the segment's path now names another file than the one held open."""
     try:
-        return os.stat(seg.log_path).st_ino != os.fstat(seg._fd).st_ino
+        return os.stat(seg.log_path).st_ino != seg._inode
     except (FileNotFoundError, OSError):
         return True

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from .errors import CorruptRecordError, InvalidOffsetError
+from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
 from .index import OffsetIndex, TimeIndex
 
 LOG_SUFFIX = ".log"
@@ -70,20 +70,34 @@ class LogSegment:
         self.suffix = suffix
         paths = segment_paths(directory, base_offset, suffix)
         self.log_path = paths[LOG_SUFFIX]
-        self._lock = threading.Lock()  # guards remapping only
+        self._lock = threading.RLock()  # guards opening and remapping (re-entered by buffer())
         self._mm: Optional[mmap.mmap] = None
-        exists = os.path.exists(self.log_path)
-        if readonly:
-            self._fd = os.open(self.log_path, os.O_RDONLY)
-        else:
-            self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
-            if not exists and preallocate:
-                os.posix_fallocate(self._fd, 0, config.segment_bytes)
-        self.size = os.fstat(self._fd).st_size if (exists or not preallocate) else 0
-        self.offset_index = OffsetIndex(paths[INDEX_SUFFIX], base_offset, config.segment_index_bytes,
-                                        writable=not readonly)
-        self.time_index = TimeIndex(paths[TIME_INDEX_SUFFIX], base_offset,
-                                    config.segment_index_bytes, writable=not readonly)
+        # Like Kafka's LazyIndex, a segment holds no descriptor and maps no index until first
+        # used: a store of 10,000 segments opens without 30,000 file descriptors.
+        self._fd_value: Optional[int] = None
+        self._offset_index: Optional[OffsetIndex] = None
+        self._time_index: Optional[TimeIndex] = None
+        self._index_paths = [paths[INDEX_SUFFIX], paths[TIME_INDEX_SUFFIX]]
+        try:
+            if readonly:
+                # A reader holds the file from the moment it lists it: if the writer deletes
+                # the segment meanwhile, the open descriptor keeps it readable.
+                self._fd_value = os.open(self.log_path, os.O_RDONLY)
+                st = os.fstat(self._fd_value)
+            else:
+                st = os.stat(self.log_path)
+            self.size = st.st_size
+            self._inode = st.st_ino
+            self._check_indexes_on_load = not readonly  # files from before: check, don't trust
+        except FileNotFoundError:
+            if readonly:
+                raise
+            self._fd_value = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+            if preallocate:
+                os.posix_fallocate(self._fd_value, 0, config.segment_bytes)
+            self.size = 0
+            self._inode = os.fstat(self._fd_value).st_ino
+            self._check_indexes_on_load = False
         self.txn_index_path = paths[TXN_INDEX_SUFFIX]
         self.created_ms = clock()
         self.rolling_based_timestamp: Optional[int] = None
@@ -91,6 +105,67 @@ class LogSegment:
         self._max_ts: Optional[tuple[int, int]] = None  # (max timestamp, its batch's last offset)
         jitter = min(config.segment_jitter_ms, config.segment_ms)
         self.roll_jitter_ms = random.randrange(jitter) if jitter > 0 else 0
+        if self._fd_value is not None and not readonly:  # new: it is about to be appended to
+            self._load_indexes()
+
+    # -- lazily opened files ----------------------------------------------------------------
+    @property
+    def _fd(self) -> int:
+        fd = self._fd_value
+        if fd is None:
+            with self._lock:
+                if self._fd_value is None:
+                    flags = os.O_RDONLY if self.readonly else os.O_RDWR
+                    self._fd_value = os.open(self.log_path, flags)
+                fd = self._fd_value
+        return fd
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        """The ``.index`` file, mapped (and sanity-checked) on first use."""
+        if self._offset_index is None:
+            self._load_indexes()
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        """The ``.timeindex`` file, mapped (and sanity-checked) on first use."""
+        if self._time_index is None:
+            self._load_indexes()
+        return self._time_index
+
+    def _load_indexes(self) -> None:
+        with self._lock:
+            if self._offset_index is not None:
+                return
+            writable = not self.readonly
+            oi = OffsetIndex(self._index_paths[0], self.base_offset,
+                             self.config.segment_index_bytes, writable=writable)
+            ti = TimeIndex(self._index_paths[1], self.base_offset,
+                           self.config.segment_index_bytes, writable=writable)
+            problem = None
+            if self._check_indexes_on_load:
+                # Stronger than Kafka's check (KAFKA-10207): untrimmed or zero-padded files,
+                # disorder, entries past the log are rebuilt from the log, never trusted.
+                try:
+                    if oi.entries * oi.entry_size != oi.file_size or ti.entries * 12 != ti.file_size:
+                        raise CorruptIndexError("index file not trimmed to its entries")
+                    oi.sanity_check(self.size)
+                    ti.sanity_check()
+                except CorruptIndexError as e:
+                    problem = e
+            self._time_index = ti
+            self._offset_index = oi
+        if problem is not None:
+            import logging
+            logging.getLogger("segstore.segment").warning(
+                "rebuilding the indexes of %s: %s", self.log_path, problem)
+            self.rebuild_indexes(self.scan(0).batches)
+
+    @property
+    def indexes_loaded(self) -> bool:
+        """Whether the index files have been opened."""
+        return self._offset_index is not None
 
     # -- reading ----------------------------------------------------------------------------
     def buffer(self, need: Optional[int] = None):
@@ -199,7 +274,9 @@ class LogSegment:
     @property
     def last_modified_ms(self) -> int:
         """The log file's mtime in milliseconds."""
-        return int(os.fstat(self._fd).st_mtime * 1000)
+        fd = self._fd_value
+        st = os.fstat(fd) if fd is not None else os.stat(self.log_path)
+        return int(st.st_mtime * 1000)
 
     def read_next_offset(self) -> int:
         """Last batch's last offset + 1, or the base offset when empty."""
@@ -243,6 +320,7 @@ class LogSegment:
 
     def rebuild_indexes(self, batches: np.ndarray) -> None:
         """Reset both indexes and re-add entries for scanned batches (recovery, REF §4.3)."""
+        self._check_indexes_on_load = False  # about to be rebuilt: no check on loading them
         self.offset_index.reset(self.config.segment_index_bytes)
         self.time_index.reset(self.config.segment_index_bytes)
         offs, times, self.bytes_since_last_index_entry, max_ts, off_max = _core.sparse_index(
@@ -283,6 +361,19 @@ class LogSegment:
         self.time_index.trim_to_valid_size()
         if os.fstat(self._fd).st_size > self.size:
             os.ftruncate(self._fd, self.size)  # preallocated and never mapped past size
+
+    def release_files(self) -> None:
+        """Close the descriptor and drop the index mappings of a sealed segment; they are
+        opened again on first use (readers holding a mapping keep it)."""
+        with self._lock:
+            if self._offset_index is not None:
+                self._offset_index.close()
+                self._time_index.close()
+                self._offset_index = self._time_index = None
+            self._mm = None
+            if self._fd_value is not None and not self.readonly:
+                os.close(self._fd_value)
+                self._fd_value = None
 
     # -- truncation -------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> int:
@@ -328,10 +419,12 @@ class LogSegment:
                 os.unlink(tmp)
                 raise
             os.replace(tmp, self.log_path)
-            old = self._fd
-            self._fd = fd
+            old = self._fd_value
+            self._fd_value = fd
+            self._inode = os.fstat(fd).st_ino
             self._mm = None
-            os.close(old)
+            if old is not None:
+                os.close(old)
         self.size = keep
 
     def truncate_bytes(self, valid_bytes: int) -> int:
@@ -405,20 +498,23 @@ class LogSegment:
         """fsync the log and both indexes."""
         if self.readonly:
             return
-        os.fsync(self._fd)
-        self.offset_index.flush()
-        self.time_index.flush()
+        if self._fd_value is not None:  # never opened: nothing written through it
+            os.fsync(self._fd_value)
+        if self._offset_index is not None:
+            self._offset_index.flush()
+            self._time_index.flush()
 
     def close(self) -> None:
         """Final time-index entry, trim and close (a later open sees only valid entries)."""
-        if not self.readonly and self._fd >= 0:
+        if not self.readonly and self._offset_index is not None:
             self.on_become_inactive()
-        self.offset_index.close()
-        self.time_index.close()
+        if self._offset_index is not None:
+            self._offset_index.close()
+            self._time_index.close()
         self._mm = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._fd_value is not None:
+            os.close(self._fd_value)
+            self._fd_value = None
 
     def change_file_suffixes(self, old: str, new: str) -> None:
         """Rename every file of the segment from suffix ``old`` to ``new`` (REF §2.2)."""
@@ -429,8 +525,13 @@ class LogSegment:
         if os.path.exists(self.log_path):
             os.replace(self.log_path, renamed(self.log_path))
         self.log_path = renamed(self.log_path)
-        self.offset_index.rename(renamed(self.offset_index.path))
-        self.time_index.rename(renamed(self.time_index.path))
+        for i, index in enumerate((self._offset_index, self._time_index)):
+            new_path = renamed(self._index_paths[i])
+            if index is not None:
+                index.rename(new_path)
+            elif os.path.exists(self._index_paths[i]):
+                os.replace(self._index_paths[i], new_path)
+            self._index_paths[i] = new_path
         if os.path.exists(self.txn_index_path):
             os.replace(self.txn_index_path, renamed(self.txn_index_path))
         self.txn_index_path = renamed(self.txn_index_path)
@@ -439,8 +540,7 @@ class LogSegment:
     def delete_files(self) -> None:
         """Close and unlink every file of the segment."""
         self.close()
-        for path in (self.log_path, self.offset_index.path, self.time_index.path,
-                     self.txn_index_path):
+        for path in (self.log_path, *self._index_paths, self.txn_index_path):
             try:
                 os.unlink(path)
             except FileNotFoundError:
