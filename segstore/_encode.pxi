@@ -285,8 +285,9 @@ def encode_control_batch(int control_type, *, int64_t producer_id, int producer_
 cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
                        const uint8_t* vv, const int64_t* ts, bint ts_scalar, Py_ssize_t n,
                        Py_ssize_t per_batch, int64_t max_bytes, int64_t* starts,
-                       Py_ssize_t* nbatches, int64_t* total) noexcept nogil:
-    """Split records into batches; `starts` gets each batch's first record index."""
+                       int64_t* positions, Py_ssize_t* nbatches, int64_t* total) noexcept nogil:
+    """Split records into batches: `starts` gets each batch's first record index and
+    `positions` its first byte, so batches can then be written independently."""
     cdef Py_ssize_t i, count = 0
     cdef int64_t size = 0, rec, body, base_ts = 0, klen, vlen
     nbatches[0] = 0
@@ -311,6 +312,7 @@ cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
             rec = varint_size(<int32_t>body) + body
         if count == 0:
             starts[nbatches[0]] = i
+            positions[nbatches[0]] = total[0]
             nbatches[0] += 1
         size += rec
         count += 1
@@ -323,14 +325,17 @@ cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
 cdef void _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, const uint8_t* kv,
                          const uint8_t* vd, const int64_t* vo, const uint8_t* vv,
                          const int64_t* ts, bint ts_scalar, const int64_t* starts,
-                         Py_ssize_t nbatches, int64_t base_offset, int32_t leader_epoch,
+                         const int64_t* positions, Py_ssize_t b0, Py_ssize_t b1,
+                         int64_t base_offset, int32_t leader_epoch,
                          int16_t attributes, int64_t log_append_time,
                          BatchHeader* hdrs) noexcept nogil:
+    """Write batches [b0, b1) at their planned positions (independent of each other)."""
     cdef Py_ssize_t b, i
-    cdef int64_t pos = 0, t, body, klen, vlen
+    cdef int64_t pos, t, body, klen, vlen
     cdef uint8_t* p
     cdef BatchHeader* h
-    for b in range(nbatches):
+    for b in range(b0, b1):
+        pos = positions[b]
         h = &hdrs[b]
         h.position = pos
         h.base_offset = base_offset + starts[b]
@@ -365,7 +370,45 @@ cdef void _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, con
         h.size = <int32_t>(p - (out + pos))
         h.crc = 0
         _write_batch_header(out + pos, h)
-        pos += h.size
+
+
+cdef class _EncodeJob:
+    """State shared by the two halves of a parallel column encode."""
+    cdef object out_obj
+    cdef uint8_t* out
+    cdef const uint8_t* kd
+    cdef const int64_t* ko
+    cdef const uint8_t* kv
+    cdef const uint8_t* vd
+    cdef const int64_t* vo
+    cdef const uint8_t* vv
+    cdef const int64_t* ts
+    cdef bint ts_scalar
+    cdef const int64_t* starts
+    cdef const int64_t* positions
+    cdef int64_t base_offset
+    cdef int32_t leader_epoch
+    cdef int16_t attributes
+    cdef int64_t log_append_time
+    cdef bint crc
+    cdef object keep
+    cdef BatchHeader* hdrs
+
+    def write(self, Py_ssize_t b0, Py_ssize_t b1):
+        with nogil:
+            _write_columns(self.out, self.kd, self.ko, self.kv, self.vd, self.vo, self.vv,
+                           self.ts, self.ts_scalar, self.starts, self.positions, b0, b1,
+                           self.base_offset, self.leader_epoch, self.attributes,
+                           self.log_append_time, self.hdrs)
+        if not self.crc:
+            return
+        mv = memoryview(self.out_obj)
+        cdef Py_ssize_t b
+        cdef BatchHeader* h
+        for b in range(b0, b1):
+            h = &self.hdrs[b]
+            h.crc = _crc32c_pkg(mv[h.position + 21:h.position + h.size])
+            wr_u32(self.out + h.position + 17, h.crc)
 
 
 def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset=0,
@@ -411,33 +454,45 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
         ts_scalar = False
     cdef const int64_t[::1] ts = ts_arr
     starts_arr = np.empty(n + 1, dtype=np.int64)
-    cdef int64_t[::1] starts = starts_arr
+    positions_arr = np.empty(n + 1, dtype=np.int64)
+    cdef int64_t[::1] starts = starts_arr, positions = positions_arr
     cdef Py_ssize_t nbatches = 0
     cdef int64_t total = 0
     cdef int st
     with nogil:
         st = _plan_columns(kop, kvp, &vo[0], &vv[0], &ts[0], ts_scalar, n, records_per_batch,
-                           max_batch_bytes, &starts[0], &nbatches, &total)
+                           max_batch_bytes, &starts[0], &positions[0], &nbatches, &total)
     if st != ST_OK:
         raise InvalidRecordError("column offsets are not increasing or a value exceeds 2 GiB")
     out = PyBytes_FromStringAndSize(NULL, total)  # filled below before anyone sees it
     hdr_arr = np.zeros(nbatches, dtype=BATCH_DTYPE)
+    cdef _EncodeJob job = _EncodeJob.__new__(_EncodeJob)
+    job.out_obj = out
+    job.out = <uint8_t*>PyBytes_AS_STRING(out)
+    job.kd, job.ko, job.kv = kdp, kop, kvp
+    job.vd, job.vo, job.vv = _ptr(vd), &vo[0], &vv[0]
+    job.ts, job.ts_scalar = &ts[0], ts_scalar
+    job.starts, job.positions = &starts[0], &positions[0]
+    job.base_offset = base_offset
+    job.leader_epoch = partition_leader_epoch
+    job.attributes = 0x08 if log_append_time_ms is not None else 0
+    job.log_append_time = -1 if log_append_time_ms is None else log_append_time_ms
+    job.crc = codec == 0
+    job.keep = (values, keys, ts_arr, starts_arr, positions_arr)
     cdef uint8_t[::1] hv = hdr_arr.view(np.uint8)
-    cdef uint8_t* op = <uint8_t*>PyBytes_AS_STRING(out)
-    cdef int16_t attrs = 0x08 if log_append_time_ms is not None else 0
-    cdef int64_t lat = -1 if log_append_time_ms is None else log_append_time_ms
-    with nogil:
-        _write_columns(op, kdp, kop, kvp, _ptr(vd), &vo[0], &vv[0], &ts[0], ts_scalar,
-                       &starts[0], nbatches, base_offset, partition_leader_epoch, attrs, lat,
-                       <BatchHeader*>&hv[0])
-    cdef BatchHeader* hp = <BatchHeader*>&hv[0]
+    job.hdrs = <BatchHeader*>&hv[0] if nbatches else NULL
+    # Batches are independent once planned: two threads write (and checksum) halves.
+    cdef Py_ssize_t split = nbatches // 2 if total >= PARALLEL_MIN_BYTES and nbatches >= 2 \
+        else nbatches
+    if split < nbatches:
+        other = _second_core(job.write, split, nbatches)
+        job.write(0, split)
+        other.result()
+    else:
+        job.write(0, nbatches)
+    cdef BatchHeader* hp = job.hdrs
     cdef Py_ssize_t b
     if codec == 0:
-        mv = memoryview(out)
-        for b in range(nbatches):
-            hp[b].crc = _crc32c_pkg(mv[hp[b].position + 21:hp[b].position + hp[b].size])
-            wr_u32(op + hp[b].position + 17, hp[b].crc)
-        del mv
         return EncodedBatches(out, hdr_arr)
     parts = []
     cdef int64_t pos = 0
