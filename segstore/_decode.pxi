@@ -289,8 +289,9 @@ cdef size_t PAGE = _mmap.PAGESIZE
 
 cdef inline void _release_batch(const Region* reg) noexcept nogil:
     """Drop this process's page-table entries for the whole pages of a batch read from a
-    shared file mapping: the data stays in the page cache and a later touch maps it again,
-    so reading a large log does not hold its file pages in the reader's resident memory."""
+    shared file mapping: the data stays in the page cache and a later touch maps it again.
+    Done once a batch is copied (fill pass), so the input pages leave the resident set as the
+    output pages arrive: the peak is about max(input, output), not their sum."""
     if not reg.release:
         return
     cdef size_t a = <size_t>(reg.data + reg.header.position)
@@ -333,7 +334,6 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
             outs[i].n_headers = s.n_headers
             outs[i].hk_bytes = s.hk_bytes
             outs[i].hv_bytes = s.hv_bytes
-            _release_batch(reg)
         if outs[i].status != ST_OK:
             return 0
     return 0
