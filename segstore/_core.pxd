@@ -32,6 +32,7 @@ cdef enum Status:
     ST_NO_MEMORY = 15
     ST_LEGACY_SIZE = 16
     ST_COUNT_OVERFLOW = 17
+    ST_INCOMPLETE = 18           # strict scans: a batch runs past data that should be whole
 
 # One scanned batch header (numpy twin: BATCH_DTYPE, same field order, aligned).
 cdef struct BatchHeader:

@@ -86,6 +86,7 @@ _STATUS_MESSAGES = {
     ST_BAD_CODEC: "invalid compression codec",
     ST_LEGACY_SIZE: "legacy message is shorter than its header",
     ST_COUNT_OVERFLOW: "batch holds more records than fit its offsets",
+    ST_INCOMPLETE: "batch runs past the end of data that holds only whole batches",
 }
 
 

@@ -403,7 +403,7 @@ cdef class _DecodeJob:
 
 def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_offset=None,
                    max_records=None, bint validate_crc=True, bint include_headers=False,
-                   topic=None, partition=None, file=None):
+                   topic=None, partition=None, file=None, bint strict=False):
     """Selected records of a buffer range straight into numpy columns (control batches skipped).
 
     Two passes over the batches: the first checks each batch's CRC and counts its records and
@@ -413,12 +413,12 @@ def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
     return decode_columns_multi([(buf, start, end, file)], min_offset=min_offset,
                                 end_offset=end_offset, max_records=max_records,
                                 validate_crc=validate_crc, include_headers=include_headers,
-                                topic=topic, partition=partition)
+                                topic=topic, partition=partition, strict=strict)
 
 
 def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_records=None,
                          bint validate_crc=True, bint include_headers=False, topic=None,
-                         partition=None):
+                         partition=None, bint strict=False):
     """decode_columns over several ``(buffer, start, end, file)`` ranges into one set of columns.
 
     A log's segments decode straight into one allocation: no per-segment columns to concatenate.
@@ -441,7 +441,7 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
         release = len(src) > 4 and bool(src[4])
         view = buf
         e = _resolve_end(view.shape[0], start, end)
-        scan = _scan(buf, view, start, e, False, -1)
+        scan = _scan(buf, view, start, e, False, -1, strict)
         _raise_status(scan.status, scan.error_pos, file)
         part = _regions(buf, view, scan, lo, hi, False, file, validate_crc)
         if part.has_legacy:

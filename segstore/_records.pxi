@@ -215,7 +215,7 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
 
 def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_offset=None,
                    max_records=None, bint validate_crc=True, bint include_control=False,
-                   topic=None, partition=None, file=None):
+                   topic=None, partition=None, file=None, bint strict=False):
     """Records with ``min_offset <= offset < end_offset`` as ConsumerRecord namedtuples."""
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
@@ -226,7 +226,7 @@ def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
         raise ValueError(f"max_records must be >= 0, got {max_records}")
     # CRCs are checked batch by batch as records are decoded, so a read that stops after a few
     # records does not validate the rest of its range.
-    cdef _Scan scan = _scan(buf, view, start, e, False, -1)
+    cdef _Scan scan = _scan(buf, view, start, e, False, -1, strict)
     _raise_status(scan.status, scan.error_pos, file)
     cdef _Regions regs = _regions(buf, view, scan, lo, hi, include_control, file, validate_crc)
     cdef list out = []

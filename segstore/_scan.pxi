@@ -131,7 +131,7 @@ cdef class _Scan:
 
 
 cdef _Scan _scan(object obj, const uint8_t[::1] view, Py_ssize_t start, Py_ssize_t end,
-                 bint validate_crc, Py_ssize_t max_batches):
+                 bint validate_crc, Py_ssize_t max_batches, bint strict=False):
     cdef _Scan s = _Scan.__new__(_Scan)
     s.headers = _Headers.__new__(_Headers)
     cdef const uint8_t* b = _ptr(view)
@@ -143,6 +143,11 @@ cdef _Scan _scan(object obj, const uint8_t[::1] view, Py_ssize_t start, Py_ssize
     s.torn = st == ST_END and stop < end
     s.status = ST_OK if st == ST_END else st
     s.error_pos = stop
+    if strict and s.torn:
+        # The caller knows [start, end) holds only whole batches (a sealed segment, the
+        # writer's own log): a batch running past it is damage, not a torn write.
+        s.status = ST_INCOMPLETE
+        s.torn = False
     if s.status == ST_NO_MEMORY:
         raise MemoryError("segstore: out of memory while scanning batches")
     cdef Py_ssize_t i
@@ -161,7 +166,7 @@ cdef _Scan _scan(object obj, const uint8_t[::1] view, Py_ssize_t start, Py_ssize
 
 
 def scan_batches(buf, Py_ssize_t start=0, end=None, *, bint validate_crc=False,
-                 bint raise_on_corrupt=True, max_batches=None, file=None):
+                 bint raise_on_corrupt=True, max_batches=None, file=None, bint strict=False):
     """Walk batch boundaries from ``start`` without decoding records (REF §1.11 file rules).
 
     Returns ScanResult(batches, valid_end, torn, error); see _core.pyi.
@@ -169,7 +174,7 @@ def scan_batches(buf, Py_ssize_t start=0, end=None, *, bint validate_crc=False,
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
     cdef Py_ssize_t mb = -1 if max_batches is None else max_batches
-    cdef _Scan s = _scan(buf, view, start, e, validate_crc, mb)
+    cdef _Scan s = _scan(buf, view, start, e, validate_crc, mb, strict)
     error = None
     if s.status != ST_OK:
         error = _status_error(s.status, s.error_pos, file)

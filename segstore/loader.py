@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from .errors import CorruptIndexError
+from .errors import CorruptIndexError, CorruptRecordError
 from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,
                       TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment)
 
@@ -123,6 +123,16 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
                     result.deleted_segments.append(later.base_offset)
                 del segs[i + 1:]
                 break
+    if result.segments:
+        last = result.segments[-1]
+        try:
+            last.read_next_offset()
+        except CorruptRecordError as e:
+            # Damage at the end even after a clean shutdown (e.g. an untrimmed preallocated
+            # file): keep the valid prefix rather than failing the open.
+            log.warning("recovering %s: %s", last.log_path, e)
+            result.truncated_bytes += recover_segment(last, config)
+            result.recovered_segments += 1
     if result.segments and result.segments[-1].read_next_offset() < log_start_offset:
         for s in result.segments:
             s.delete_files()
@@ -145,6 +155,9 @@ def recover_segment(seg: LogSegment, config) -> int:
     if len(batches):
         rel = batches["last_offset"] - seg.base_offset
         bad = (rel < 0) | (rel > 0x7FFFFFFF) | (batches["base_offset"] < seg.base_offset)
+        # Offsets must grow from batch to batch; baseOffset is outside the CRC, so a stale or
+        # damaged one is caught only here.
+        bad[1:] |= batches["base_offset"][1:] <= batches["last_offset"][:-1]
         if bad.any():
             first_bad = int(bad.argmax())
             valid_end = int(batches["position"][first_bad])

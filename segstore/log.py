@@ -408,7 +408,7 @@ class PartitionLog:
             recs = _core.decode_records(
                 buf, start, end, min_offset=offset, end_offset=st.log_end_offset,
                 max_records=None if max_records is None else max_records - len(out),
-                topic=self.topic, partition=self.partition, file=seg.log_path)
+                topic=self.topic, partition=self.partition, file=seg.log_path, strict=True)
             out.extend(recs)
             budget -= end - start
             if budget <= 0 or (max_records is not None and len(out) >= max_records):
@@ -446,7 +446,7 @@ class PartitionLog:
         return _core.decode_columns_multi(sources, min_offset=offset, end_offset=end,
                                           max_records=max_records,
                                           include_headers=include_headers, topic=self.topic,
-                                          partition=self.partition)
+                                          partition=self.partition, strict=True)
 
     def iter_records(self, start_offset: Optional[int] = None,
                      end_offset: Optional[int] = None) -> Iterator[ConsumerRecord]:
@@ -479,7 +479,13 @@ class PartitionLog:
         for seg in st.segments:
             if seg.size == 0 or seg.largest_timestamp < timestamp_ms:
                 continue
-            _, off = seg.time_index.lookup(timestamp_ms)
+            entry_ts, off = seg.time_index.lookup(timestamp_ms)
+            if entry_ts >= 0:
+                # An entry names the batch holding its max timestamp; if the log disagrees the
+                # index is damaged: scan the segment from its start instead of trusting it.
+                b = seg.translate_offset(off)
+                if b is None or int(b["max_timestamp"]) != entry_ts:
+                    off = seg.base_offset
             start = max(off, st.log_start_offset)
             first = seg.translate_offset(start)
             if first is None:

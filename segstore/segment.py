@@ -103,6 +103,7 @@ class LogSegment:
         self.rolling_based_timestamp: Optional[int] = None
         self.bytes_since_last_index_entry = 0
         self._max_ts: Optional[tuple[int, int]] = None  # (max timestamp, its batch's last offset)
+        self._dirty = False  # written this session: its final time-index entry is due on close
         jitter = min(config.segment_jitter_ms, config.segment_ms)
         self.roll_jitter_ms = random.randrange(jitter) if jitter > 0 else 0
         if self._fd_value is not None and not readonly:  # new: it is about to be appended to
@@ -152,6 +153,13 @@ class LogSegment:
                         raise CorruptIndexError("index file not trimmed to its entries")
                     oi.sanity_check(self.size)
                     ti.sanity_check()
+                    if oi.entries:
+                        off, pos = oi.entry(oi.entries - 1)
+                        b = _core.scan_batches(self.buffer(self.size), pos, self.size,
+                                               max_batches=1, raise_on_corrupt=False).batches
+                        if not len(b) or not b["base_offset"][0] <= off <= b["last_offset"][0]:
+                            raise CorruptIndexError(
+                                f"last entry ({off}, {pos}) does not point at its batch")
                 except CorruptIndexError as e:
                     problem = e
             self._time_index = ti
@@ -198,19 +206,36 @@ class LogSegment:
                                   max_batches=max_batches, raise_on_corrupt=raise_on_corrupt,
                                   file=self.log_path)
 
+    def _index_position(self, offset: int, size: int, buf) -> int:
+        """Where to start scanning for ``offset``: the offset-index floor, if the batch there
+        really holds the entry's offset; a damaged index is never trusted (scan from 0)."""
+        entry_offset, pos = self.offset_index.lookup(offset)
+        if pos <= 0:
+            return 0
+        if pos >= size:
+            return 0
+        res = _core.scan_batches(buf, pos, size, max_batches=1, raise_on_corrupt=False)
+        b = res.batches
+        if len(b) == 0 or not (b["base_offset"][0] <= entry_offset <= b["last_offset"][0]):
+            import logging
+            logging.getLogger("segstore.segment").warning(
+                "ignoring the offset index of %s: entry (%d, %d) does not point at its batch",
+                self.log_path, entry_offset, pos)
+            return 0
+        return pos
+
     def translate_offset(self, offset: int, start_position: int = 0):
         """First batch at or after ``start_position`` whose last offset >= ``offset``.
 
-        Returns a BATCH_DTYPE row (position is in the file) or None.
+        Returns a BATCH_DTYPE row (position is in the file) or None. The segment holds only
+        whole batches, so a batch running past its size is reported as CorruptRecordError.
         """
         size = self.size  # read once: an append may grow it while we scan
-        _, pos = self.offset_index.lookup(offset)
-        pos = max(pos, start_position)
-        if pos > size:  # an entry past the data: never trust it, scan from the start
-            pos = start_position
         buf = self.buffer(size)
+        pos = max(self._index_position(offset, size, buf), start_position)
         while pos < size:
-            res = _core.scan_batches(buf, pos, size, max_batches=64, file=self.log_path)
+            res = _core.scan_batches(buf, pos, size, max_batches=64, file=self.log_path,
+                                     strict=True)
             b = res.batches
             if len(b) == 0:
                 return None
@@ -224,20 +249,31 @@ class LogSegment:
                    min_one_message: bool = True):
         """(buffer, start, end) of whole batches from the one holding ``start_offset``.
 
-        Follows Kafka's LogSegment.read: at most ``max_bytes`` (or the first batch when
-        ``min_one_message``) and never past ``max_position``. None when no batch qualifies.
+        Follows Kafka's LogSegment.read: batches up to ``max_bytes`` (at least the first when
+        ``min_one_message``) and never past ``max_position``; unlike Kafka the range ends on a
+        batch boundary, so a reader never sees a cut batch. None when no batch qualifies.
         """
         first = self.translate_offset(start_offset)
         if first is None:
             return None
         start = int(first["position"])
-        size = max(self.size, start + int(first["size"]))
+        size = self.size
         limit = size if max_position is None else min(max_position, size)
-        budget = max(max_bytes, int(first["size"])) if min_one_message else max_bytes
-        end = min(limit, start + budget)
-        if end <= start:
+        end = start + int(first["size"])
+        if end > limit or (not min_one_message and end - start > max_bytes):
             return None
-        return self.buffer(end), start, end
+        buf = self.buffer(size)
+        while end < limit and end - start < max_bytes:
+            b = _core.scan_batches(buf, end, limit, max_batches=64, file=self.log_path,
+                                   strict=True).batches
+            ends = b["position"] + b["size"]
+            fit = ends[ends - start <= max_bytes]
+            if len(fit) == 0:
+                break
+            end = int(fit[-1])
+            if len(fit) < len(ends):
+                break
+        return buf, start, end
 
     # -- timestamps -------------------------------------------------------------------------
     def _load_max_timestamp(self) -> tuple[int, int]:
@@ -305,6 +341,7 @@ class LogSegment:
         position = self.size
         if self.size == 0:
             self.rolling_based_timestamp = int(batches["max_timestamp"][0])
+        self._dirty = True
         written = os.pwrite(self._fd, data, position)
         if written != len(data):
             raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
@@ -321,6 +358,7 @@ class LogSegment:
     def rebuild_indexes(self, batches: np.ndarray) -> None:
         """Reset both indexes and re-add entries for scanned batches (recovery, REF §4.3)."""
         self._check_indexes_on_load = False  # about to be rebuilt: no check on loading them
+        self._dirty = True
         self.offset_index.reset(self.config.segment_index_bytes)
         self.time_index.reset(self.config.segment_index_bytes)
         offs, times, self.bytes_since_last_index_entry, max_ts, off_max = _core.sparse_index(
@@ -355,12 +393,20 @@ class LogSegment:
         if self.readonly:
             return
         if self.max_timestamp_so_far >= 0:
-            self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp,
-                                         skip_full_check=True)
+            ti = self.time_index
+            if ti.entries >= ti.max_entries and self.max_timestamp_so_far > ti.last_entry()[0]:
+                ti.resize((ti.entries + 1) * ti.entry_size)  # room for the final entry
+            ti.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp,
+                            skip_full_check=True)
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
+        self._trim_log_file()
+
+    def _trim_log_file(self) -> None:
+        # A preallocated file is cut to its logical size (a reopen takes the length as size).
+        # Only bytes past the data go, which no reader maps.
         if os.fstat(self._fd).st_size > self.size:
-            os.ftruncate(self._fd, self.size)  # preallocated and never mapped past size
+            os.ftruncate(self._fd, self.size)
 
     def release_files(self) -> None:
         """Close the descriptor and drop the index mappings of a sealed segment; they are
@@ -386,6 +432,7 @@ class LogSegment:
             return 0
         keep = int(first["position"])
         removed = self.size - keep
+        self._dirty = True
         self._rewrite_prefix(keep)
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
@@ -506,8 +553,10 @@ class LogSegment:
 
     def close(self) -> None:
         """Final time-index entry, trim and close (a later open sees only valid entries)."""
-        if not self.readonly and self._offset_index is not None:
+        if not self.readonly and self._dirty:
             self.on_become_inactive()
+        elif not self.readonly and self._fd_value is not None:
+            self._trim_log_file()
         if self._offset_index is not None:
             self._offset_index.close()
             self._time_index.close()
