@@ -302,6 +302,9 @@ class TimeIndex(_AbstractIndex):
             return
         if self.entries >= self.max_entries:
             raise InvalidOffsetError(f"time index {self.path} has no room left")
+        if not 0 <= offset - self.base_offset <= 0x7FFFFFFF:
+            raise InvalidOffsetError(
+                f"offset {offset} cannot be stored relative to {self.path}'s base {self.base_offset}")
         _TIME_ENTRY.pack_into(self._mm, self.entries * 12, timestamp, offset - self.base_offset)
         self.entries += 1
 

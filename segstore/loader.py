@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .errors import CorruptIndexError, CorruptRecordError
 from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,
-                      TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment)
+                      TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, consistent_prefix)
 
 log = logging.getLogger("segstore.loader")
 _INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
@@ -124,13 +124,12 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
                 del segs[i + 1:]
                 break
     if result.segments:
+        # Appends go to the last segment, so even after a clean shutdown its batch headers are
+        # walked (no CRC: cheap) and it is recovered if sizes or offsets do not add up.
         last = result.segments[-1]
-        try:
-            last.read_next_offset()
-        except CorruptRecordError as e:
-            # Damage at the end even after a clean shutdown (e.g. an untrimmed preallocated
-            # file): keep the valid prefix rather than failing the open.
-            log.warning("recovering %s: %s", last.log_path, e)
+        problem = _header_problem(last)
+        if problem:
+            log.warning("recovering %s: %s", last.log_path, problem)
             result.truncated_bytes += recover_segment(last, config)
             result.recovered_segments += 1
     if result.segments and result.segments[-1].read_next_offset() < log_start_offset:
@@ -145,6 +144,19 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
     return result
 
 
+def _header_problem(seg: LogSegment):
+    """Why the segment's batch headers are inconsistent, or None."""
+    res = seg.scan(0, seg.size, raise_on_corrupt=False)
+    if res.error is not None:
+        return res.error
+    if res.torn:
+        return "incomplete batch at the end"
+    b = res.batches
+    if consistent_prefix(b, seg.base_offset) < len(b):
+        return "offsets outside the segment's range or not increasing"
+    return None
+
+
 def recover_segment(seg: LogSegment, config) -> int:
     """REF §4.3: keep the CRC-valid prefix, rebuild both indexes; returns bytes removed."""
     size = os.fstat(seg._fd).st_size
@@ -152,16 +164,10 @@ def recover_segment(seg: LogSegment, config) -> int:
     res = seg.scan(0, size, validate_crc=True, raise_on_corrupt=False)
     batches = res.batches
     valid_end = res.valid_end
-    if len(batches):
-        rel = batches["last_offset"] - seg.base_offset
-        bad = (rel < 0) | (rel > 0x7FFFFFFF) | (batches["base_offset"] < seg.base_offset)
-        # Offsets must grow from batch to batch; baseOffset is outside the CRC, so a stale or
-        # damaged one is caught only here.
-        bad[1:] |= batches["base_offset"][1:] <= batches["last_offset"][:-1]
-        if bad.any():
-            first_bad = int(bad.argmax())
-            valid_end = int(batches["position"][first_bad])
-            batches = batches[:first_bad]
+    keep = consistent_prefix(batches, seg.base_offset)  # offsets are outside the CRC
+    if keep < len(batches):
+        valid_end = int(batches["position"][keep])
+        batches = batches[:keep]
     if res.error is not None:
         log.warning("recovering %s: %s; truncating to %d bytes", seg.log_path, res.error, valid_end)
     seg.rebuild_indexes(batches)

@@ -41,6 +41,17 @@ class Problem(NamedTuple):
         return f"{self.file} at position {self.position}: {self.message}"
 
 
+def consistent_prefix(batches: np.ndarray, base_offset: int) -> int:
+    """How many leading batches have offsets a segment at ``base_offset`` can hold: inside its
+    32-bit relative range and growing from batch to batch (baseOffset is outside the CRC)."""
+    if not len(batches):
+        return 0
+    rel = batches["last_offset"] - base_offset
+    bad = (rel < 0) | (rel > MAX_RELATIVE_OFFSET) | (batches["base_offset"] < base_offset)
+    bad[1:] |= batches["base_offset"][1:] <= batches["last_offset"][:-1]
+    return int(bad.argmax()) if bad.any() else len(batches)
+
+
 def filename_prefix(offset: int) -> str:
     """The 20-digit, zero-padded base offset that names a segment's files."""
     return f"{offset:020d}"
@@ -168,7 +179,9 @@ class LogSegment:
             import logging
             logging.getLogger("segstore.segment").warning(
                 "rebuilding the indexes of %s: %s", self.log_path, problem)
-            self.rebuild_indexes(self.scan(0).batches)
+            # Index what can be read; damage further on is reported by the reads that reach it.
+            b = self.scan(0, raise_on_corrupt=False).batches
+            self.rebuild_indexes(b[:consistent_prefix(b, self.base_offset)])
 
     @property
     def indexes_loaded(self) -> bool:
@@ -554,7 +567,12 @@ class LogSegment:
     def close(self) -> None:
         """Final time-index entry, trim and close (a later open sees only valid entries)."""
         if not self.readonly and self._dirty:
-            self.on_become_inactive()
+            try:
+                self.on_become_inactive()
+            except InvalidOffsetError as e:  # damaged data must not stop a close
+                import logging
+                logging.getLogger("segstore.segment").warning(
+                    "closing %s without its final time-index entry: %s", self.log_path, e)
         elif not self.readonly and self._fd_value is not None:
             self._trim_log_file()
         if self._offset_index is not None:
