@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Optional
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from .errors import CorruptIndexError, CorruptRecordError
@@ -48,6 +51,8 @@ def clean_temp_files(directory: str) -> None:
     swaps = [n for n in names if n.endswith(SWAP_SUFFIX)]
     for n in names:
         if n.endswith(DELETED_SUFFIX) and not n.endswith(".checkpoint.deleted"):
+            _remove(os.path.join(directory, n))
+        elif n.endswith(".truncating"):  # a copy-on-write truncation that never finished
             _remove(os.path.join(directory, n))
     min_cleaned = min((_base_offset(n) for n in cleaned), default=None)
     if min_cleaned is not None:
@@ -111,7 +116,8 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
             if s.base_offset <= recovery_point:
                 start = i
         for i in range(start, len(segs)):
-            recovered = recover_segment(segs[i], config)
+            nxt = segs[i + 1].base_offset if i + 1 < len(segs) else None
+            recovered = recover_segment(segs[i], config, nxt)
             result.recovered_segments += 1
             result.truncated_bytes += recovered
             lost = recovered + early_lost.get(segs[i].base_offset, 0)
@@ -157,14 +163,18 @@ def _header_problem(seg: LogSegment):
     return None
 
 
-def recover_segment(seg: LogSegment, config) -> int:
-    """REF §4.3: keep the CRC-valid prefix, rebuild both indexes; returns bytes removed."""
+def recover_segment(seg: LogSegment, config, next_base: Optional[int] = None) -> int:
+    """REF §4.3: keep the CRC-valid prefix, rebuild both indexes; returns bytes removed.
+
+    Batches reaching the next segment's base offset are cut too (overlapping segments)."""
     size = os.fstat(seg._fd).st_size
     seg.size = size
     res = seg.scan(0, size, validate_crc=True, raise_on_corrupt=False)
     batches = res.batches
     valid_end = res.valid_end
     keep = consistent_prefix(batches, seg.base_offset)  # offsets are outside the CRC
+    if next_base is not None and keep:
+        keep = min(keep, int(np.searchsorted(batches["last_offset"][:keep], next_base)))
     if keep < len(batches):
         valid_end = int(batches["position"][keep])
         batches = batches[:keep]

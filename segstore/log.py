@@ -261,7 +261,10 @@ class PartitionLog:
                 if rel_fit == 0 and seg.size == 0 and int(batches["base_offset"][i]) > seg.base_offset:
                     self._roll_locked(int(batches["base_offset"][i]), force=True)
                     continue
-                j = i + max(min(fit, rel_fit), 0)
+                # ... and that cannot overflow the indexes (at most one entry of each per batch).
+                oi, ti = seg.offset_index, seg.time_index
+                idx_room = min(oi.max_entries - oi.entries, ti.max_entries - 1 - ti.entries)
+                j = i + max(min(fit, rel_fit, idx_room), 0)
                 if j == i and seg.size == 0:
                     j = i + 1
                 group = batches[i:j] if j > i else batches[i:i + 1]
@@ -529,7 +532,7 @@ class PartitionLog:
                 self._truncate_fully_locked(offset, offset)
                 return
             keep = tuple(s for s in st.segments if s.base_offset <= offset)
-            for s in st.segments[len(keep):]:
+            for s in reversed(st.segments[len(keep):]):  # highest first: a crash leaves a prefix
                 self._retire(s)
             keep[-1].truncate_to(offset)
             # Kafka sets the log end offset to the target and expects callers to truncate at

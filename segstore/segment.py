@@ -378,6 +378,11 @@ class LogSegment:
             batches, self.base_offset, 0, self.config.index_interval_bytes, 0, -1,
             self.base_offset, -1)
         self._max_ts = (max_ts, off_max) if len(batches) else (-1, self.base_offset)
+        # A rebuild indexes batch by batch from the start, which can need more entries than
+        # the appends made (e.g. after truncations): grow the files rather than fail.
+        for index, entries, reserve in ((self.offset_index, offs, 0), (self.time_index, times, 1)):
+            if len(entries) + reserve > index.max_entries:
+                index.resize((len(entries) + reserve + 1) * index.entry_size)
         self.offset_index.append_entries(offs)
         self.time_index.append_entries(times)
         if len(batches):
@@ -605,8 +610,12 @@ class LogSegment:
         self.suffix = new
 
     def delete_files(self) -> None:
-        """Close and unlink every file of the segment."""
-        self.close()
+        """Drop the segment's descriptors and maps (no trimming: it is going) and unlink it."""
+        self._offset_index = self._time_index = None
+        self._mm = None
+        if self._fd_value is not None:
+            os.close(self._fd_value)
+            self._fd_value = None
         for path in (self.log_path, *self._index_paths, self.txn_index_path):
             try:
                 os.unlink(path)

@@ -1,0 +1,198 @@
+"""Recovery after an unclean shutdown: segstore.open over unflushed segments vs the crc32c package.
+
+Target (the crash-recovery issue): opening a store after an unclean shutdown with 1 GiB of
+unflushed segments recovers at no less than half the ``crc32c`` package's throughput over the
+same bytes (``track_ratio_recovery_vs_crc32c`` >= 0.5).
+
+Data: one partition of 16-byte keys and 100-byte values (the codec data set's shape, seeded
+random bytes), 1,000 records per uncompressed v2 batch, 64 MiB segments, built once per ``asv
+run`` by :func:`recovery_store_cache` and closed cleanly. The size is 128 MiB by default, so CI's
+``asv run --quick`` stays fast; ``SEGSTORE_BENCH_LARGE=1`` builds the issue's 1 GiB.
+
+Before every timed open, ``setup`` deletes ``.kafka_cleanshutdown`` and the recovery-point
+checkpoint, so the open is unclean and recovers every segment from offset 0: each batch's size
+and CRC checked, both indexes rebuilt by the sparse rule, the files trimmed (REF §4.2, §4.3).
+``time_open_unclean_recovery`` times ``segstore.open(path)`` plus ``close()`` (whose flush of
+the recovered segments dominates); the ratio and MB/s tracks time the open alone, which is the
+recovery. The segment files are in the page cache (they were just written), as
+after a process crash; a cold cache after a power loss adds the disk's read time to both sides.
+
+The baseline is ``crc32c.crc32c`` over every ``.log`` file's bytes, read into memory beforehand
+(one call per file: the ideal, no batch walking at all). ``track_ratio_recovery_vs_crc32c`` times
+both in one call (best of interleaved repeats, garbage collector off) and returns
+``crc32c_time / recovery_time``; the two ``track_*_mb_per_s`` benchmarks give the throughputs.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import time
+
+import crc32c
+import numpy as np
+
+import segstore
+from segstore.checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
+from segstore.columns import BinaryColumn
+
+from .common import BASE_TIMESTAMP_MS, KEY_SIZE, RECORDS_PER_BATCH, SEED, VALUE_SIZE
+
+MIB = 1 << 20
+LARGE = os.environ.get("SEGSTORE_BENCH_LARGE", "") not in ("", "0")
+TARGET_BYTES = (1024 if LARGE else 128) * MIB
+SEGMENT_BYTES = 64 * MIB
+CHUNK_RECORDS = 200_000  # records encoded per append_columns call
+_STORE = "recovery-store"
+TOPIC = "bench"
+
+
+def _log_files(path: str) -> list[str]:
+    d = os.path.join(path, f"{TOPIC}-0")
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".log"))
+
+
+def recovery_store_cache(_bench=None) -> dict:
+    """asv ``setup_cache``: write the store (128 MiB, or 1 GiB with SEGSTORE_BENCH_LARGE=1)."""
+    path = os.path.abspath(_STORE)
+    shutil.rmtree(path, ignore_errors=True)
+    store = segstore.open(path)
+    store.create_topic(TOPIC, 1, {"segment.bytes": SEGMENT_BYTES})
+    lg = store.partition(TOPIC, 0)
+    rng = np.random.default_rng(SEED)
+    written = 0
+    while written < TARGET_BYTES:
+        n = CHUNK_RECORDS
+        keys = np.frombuffer(rng.bytes(n * KEY_SIZE), dtype=np.uint8).reshape(n, KEY_SIZE)
+        values = np.frombuffer(rng.bytes(n * VALUE_SIZE), dtype=np.uint8).reshape(n, VALUE_SIZE)
+        stamps = BASE_TIMESTAMP_MS + lg.log_end_offset + np.arange(n, dtype=np.int64)
+        info = lg.append_columns(BinaryColumn.from_fixed(values), BinaryColumn.from_fixed(keys),
+                                 stamps, records_per_batch=RECORDS_PER_BATCH)
+        written += info.size_bytes
+    records = lg.log_end_offset
+    store.close()
+    files = _log_files(path)
+    return {"path": path, "records": records, "log_bytes": sum(os.path.getsize(f) for f in files),
+            "segments": len(files)}
+
+
+# asv reads setup_cache's timeout from the function itself.
+recovery_store_cache.timeout = 1800
+
+
+def make_unclean(path: str) -> None:
+    """As after a crash: no clean-shutdown marker, no recovery point (recover from offset 0)."""
+    for name in (CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT):
+        try:
+            os.unlink(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+
+
+def recover(path: str, expected_records: int) -> float:
+    """Open the unclean store (the recovery) and check it; returns the open's wall time. The
+    close that follows flushes the recovered segments (durability work, not recovery) and is
+    left out of the returned time."""
+    t0 = time.perf_counter()
+    store = segstore.open(path)
+    elapsed = time.perf_counter() - t0
+    try:
+        lg = store.partition(TOPIC, 0)
+        if lg.log_end_offset != expected_records:
+            raise AssertionError(f"recovered {lg.log_end_offset} records, wrote {expected_records}")
+    finally:
+        store.close()
+    return elapsed
+
+
+def read_logs(path: str) -> list[bytes]:
+    out = []
+    for f in _log_files(path):
+        with open(f, "rb") as fh:
+            out.append(fh.read())
+    return out
+
+
+def crc_all(buffers) -> None:
+    for b in buffers:
+        crc32c.crc32c(b)
+
+
+class Recovery:
+    """Wall time of an unclean open (recovery of every segment) and of crc32c over the bytes."""
+
+    setup_cache = recovery_store_cache
+    number = 1
+    repeat = (2, 5, 60.0)
+    warmup_time = 0
+    timeout = 1800
+
+    def setup(self, meta):
+        make_unclean(meta["path"])  # runs before every timed call
+
+    def time_open_unclean_recovery(self, meta):
+        recover(meta["path"], meta["records"])
+
+
+class CRC32C:
+    """The baseline: crc32c over every .log file's bytes, already in memory."""
+
+    setup_cache = recovery_store_cache
+    timeout = 1800
+
+    def setup(self, meta):
+        self.buffers = read_logs(meta["path"])
+
+    def time_crc32c_package(self, meta):
+        crc_all(self.buffers)
+
+
+class RatioRecovery:
+    """Recovery throughput relative to crc32c's over the same bytes (target >= 0.5)."""
+
+    setup_cache = recovery_store_cache
+    timeout = 1800
+    repeats = 3
+
+    def setup(self, meta):
+        self.buffers = read_logs(meta["path"])
+
+    def _times(self, meta) -> tuple[float, float]:
+        """Best (crc32c, recovery) wall times, interleaved, GC off; the store is made unclean
+        before each recovery, outside the timing."""
+        best_crc = best_rec = float("inf")
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for _ in range(self.repeats):
+                t0 = time.perf_counter()
+                crc_all(self.buffers)
+                t1 = time.perf_counter()
+                make_unclean(meta["path"])
+                rec = recover(meta["path"], meta["records"])
+                best_crc = min(best_crc, t1 - t0)
+                best_rec = min(best_rec, rec)
+                gc.collect()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        return best_crc, best_rec
+
+    def track_ratio_recovery_vs_crc32c(self, meta):
+        t_crc, t_rec = self._times(meta)
+        return round(t_crc / t_rec, 3)
+
+    track_ratio_recovery_vs_crc32c.unit = "x"
+
+    def track_recovery_mb_per_s(self, meta):
+        _, t_rec = self._times(meta)
+        return round(meta["log_bytes"] / MIB / t_rec, 1)
+
+    track_recovery_mb_per_s.unit = "MiB/s"
+
+    def track_crc32c_mb_per_s(self, meta):
+        t_crc, _ = self._times(meta)
+        return round(meta["log_bytes"] / MIB / t_crc, 1)
+
+    track_crc32c_mb_per_s.unit = "MiB/s"
