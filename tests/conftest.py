@@ -123,3 +123,17 @@ def legacy_wrapper(magic, inner_offsets, records, wrapper_offset, wrapper_ts=Non
     attributes = 1 | (0x08 if lat else 0)
     return legacy_message(magic, wrapper_offset, None, gzip.compress(inner, mtime=0), wrapper_ts,
                           attributes)
+
+
+class FakeClock:
+    """Milliseconds that move only when a test says so (the store's injectable clock)."""
+
+    def __init__(self, now: int = 1_000_000):
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> int:
+        self.now += ms
+        return self.now

@@ -22,6 +22,7 @@ from collections import namedtuple
 import pytest
 
 import segstore
+from conftest import FakeClock
 from segstore import TopicPartition, _core
 from segstore.config import TopicConfig
 from segstore.errors import OffsetOutOfRangeError, ReadOnlyStoreError
@@ -35,23 +36,9 @@ MARKER = ".kafka_cleanshutdown"
 TP = TopicPartition("t", 0)
 
 
-class FakeClock:
-    """Milliseconds that move only when a test says so."""
-
-    def __init__(self, now: int = T0):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> int:
-        self.now += ms
-        return self.now
-
-
 @pytest.fixture
 def clock():
-    return FakeClock()
+    return FakeClock(T0)
 
 
 @pytest.fixture
@@ -927,7 +914,7 @@ READONLY_READER = """
 
 
 def test_readonly_reader_process_while_retention_deletes(root, tmp_path):
-    clock = FakeClock()
+    clock = FakeClock(T0)
     stop_file = str(tmp_path / "stop")
     with open_store(root, clock) as s:
         s.create_topic("t", config={"segment.bytes": 500, "retention.bytes": 3000,

@@ -21,6 +21,7 @@ import threading
 import pytest
 
 import segstore
+from conftest import FakeClock
 from segstore import OffsetAndTimestamp, TopicPartition
 from segstore.errors import (InvalidConfigError, InvalidTopicError, OffsetOutOfRangeError,
                              ReadOnlyStoreError, SegstoreError, StoreClosedError,
@@ -35,20 +36,6 @@ MARKER = ".kafka_cleanshutdown"
 RP_CKPT = "recovery-point-offset-checkpoint"
 LSO_CKPT = "log-start-offset-checkpoint"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class FakeClock:
-    """Milliseconds that move only when a test says so."""
-
-    def __init__(self, now: int = 1_000_000):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> int:
-        self.now += ms
-        return self.now
 
 
 @pytest.fixture
