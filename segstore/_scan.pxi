@@ -50,6 +50,11 @@ cdef int scan_one(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end,
         h.base_sequence = rd_i32(p + 53)
         h.records_count = rd_i32(p + 57)
         h.last_offset = h.base_offset + h.last_offset_delta
+        # Impossible headers are corrupt at once: offsets are located from them before any CRC.
+        if h.last_offset_delta < 0:
+            return ST_OFFSET_DELTA
+        if h.records_count < 0 or <int64_t>h.records_count > <int64_t>h.last_offset_delta + 1:
+            return ST_RECORD_COUNT
         return ST_OK
     if magic == 0 or magic == 1:
         if size_field < (MIN_SIZE_FIELD if magic == 0 else V1_MIN_SIZE):

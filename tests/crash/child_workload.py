@@ -9,20 +9,18 @@ tag), one line each, written with a single ``os.write`` so a line is never torn.
 operation is ever unreported, so the parent knows exactly which states the store may legally be in
 after the kill:
 
-====================================  ==============================================================
-``O <topic> <start> <leo>``           open finished (state after any recovery)
-``a <topic> <first> <n> <gen> <b|c>``  about to append ``n`` records at ``first``, generation
-                                      ``gen``, by append_batch (b) or append_columns (c)
-``A <topic> <first> <last>``          the append returned
-``f <topic>`` / ``F <topic> <leo>``   flush() / it returned: everything below ``leo`` is durable
-``l <topic>`` / ``L <topic>``         roll() / it returned
-``t <topic> <x>`` / ``T <topic> <leo>``  truncate_to(x), x a batch start / it returned
-``d <topic> <x>`` / ``D <topic> <start>``  delete_records(x) / it returned
-``r <topic>`` / ``R <topic> <start> <first segment base>``  retention pass / it returned
-``k <topic>`` / ``K <topic> <start>``  write_checkpoints() / it returned (log start checkpointed)
-``c <topic>`` / ``X <topic> <start> <leo>``  close() / it returned (flushed, marker written)
-``E <message>``                       the child hit an unexpected exception (a test failure)
-====================================  ==============================================================
+- ``O <topic> <start> <leo>``: open finished (the state after any recovery);
+- ``a <topic> <first> <n> <gen> <b|c>``: about to append ``n`` records at ``first``, generation
+  ``gen``, by ``append_batch`` (b) or ``append_columns`` (c); ``A <topic> <first> <last>``: done;
+- ``f <topic>`` / ``F <topic> <leo>``: flush() / done, everything below ``leo`` is durable;
+- ``l <topic>`` / ``L <topic>``: roll() / done;
+- ``t <topic> <x>`` / ``T <topic> <leo>``: truncate_to(x), ``x`` a batch start / done;
+- ``d <topic> <x>`` / ``D <topic> <start>``: delete_records(x) / done;
+- ``r <topic>`` / ``R <topic> <start> <first segment base>``: a retention pass / done;
+- ``k <topic>`` / ``K <topic> <start>``: write_checkpoints() / done (log start checkpointed);
+- ``i <topic>`` / ``I <topic>``: the store's tick() (the services' pass) / done;
+- ``c <topic>`` / ``X <topic> <start> <leo>``: close() / done (flushed, marker written);
+- ``E <traceback>``: the child hit an unexpected exception (fails the test).
 
 Records are deterministic functions of ``(generation, offset)`` (:func:`record`), so the parent can
 recognise every record the child could have written and reject anything else. The generation
@@ -62,15 +60,12 @@ GENERATIONS_PER_RUN = 1_000  # generation = run * 1000 + truncations so far in t
 TOPICS = {
     "plain": {
         "segment.bytes": 6000,
-        # Kept large enough never to fill: with small indexes, recovery after truncations can
-        # need more entries than the index holds (see test_kill9's strict xfails).
-        "segment.index.bytes": 4096,
+        "segment.index.bytes": 160,  # 20 offset / 13 time entries: index-full rolls
         "index.interval.bytes": 90,
         "retention.bytes": 40000,
         "retention.ms": -1,
         "flush.messages": 97,
         "compression.type": "producer",
-        "file.delete.delay.ms": 0,
     },
     "prealloc": {
         "segment.bytes": 4096,
@@ -79,19 +74,18 @@ TOPICS = {
         "retention.bytes": 30000,
         "retention.ms": -1,
         "compression.type": "lz4",
-        "file.delete.delay.ms": 0,
+        "segment.index.bytes": 8192,
+        "file.delete.delay.ms": 0,  # retired segments deleted at the next tick()
     },
 }
 # The child's tick() must not run retention behind the harness's back (first pass after 30 s).
 STORE_CONFIG: dict = {"log.retention.check.interval.ms": 3_600_000}
-# truncate_to below the active segment retires later segments highest first, so a kill in
-# between leaves a prefix: the harness truncates across segments too.
-TRUNCATE_ACROSS_SEGMENTS = True
 CODECS = [None, None, None, "gzip", "lz4", "zstd", "snappy"]
 
 # Operation weights (relative).
 OPS = [("append", 50), ("append_columns", 8), ("flush", 12), ("roll", 4), ("truncate", 5),
-       ("delete_records", 4), ("retention", 3), ("checkpoint", 3), ("close_reopen", 2)]
+       ("delete_records", 4), ("retention", 3), ("checkpoint", 3), ("tick", 2),
+       ("close_reopen", 2)]
 
 
 def record(gen: int, offset: int, columns: bool = False):
@@ -196,10 +190,6 @@ class _Child:
         rng = self.rng
         op = rng.choices([o for o, _ in OPS], [w for _, w in OPS])[0]
         t = rng.choice(list(TOPICS))
-        if op == "append_columns" and t == "plain":
-            # Not on the tiny indexes of "plain": a multi-batch append that fills an index
-            # half-way fails after writing its data (see test_kill9's strict xfail).
-            t = "prealloc"
         lg = self.store.partition(t, 0)
         if op == "append":
             n = rng.choice((1, 1, 2, 3, 5, 8))
@@ -236,8 +226,7 @@ class _Child:
             self.say("L", t)
         elif op == "truncate":
             leo = lg.log_end_offset
-            low = -1 if TRUNCATE_ACROSS_SEGMENTS else lg.active_segment.base_offset
-            cands = [b for b in self.batch_starts[t] if low <= b < leo]
+            cands = [b for b in self.batch_starts[t] if b < leo]
             if not cands:
                 return
             # Mostly near the end (a few batches back), sometimes far back.
@@ -246,9 +235,6 @@ class _Child:
             lg.truncate_to(x)
             self.batch_starts[t] = [b for b in self.batch_starts[t] if b < x]
             self.gen[t] += 1
-            # Delete the retired segments now: the same base retired twice before a delayed
-            # delete breaks close() (see test_kill9's strict xfail).
-            self.store.tick()
             self.say("T", t, lg.log_end_offset)
         elif op == "delete_records":
             start, leo = lg.log_start_offset, lg.log_end_offset
@@ -262,7 +248,6 @@ class _Child:
             for tt in TOPICS:
                 self.say("r", tt)
             self.store.enforce_retention()
-            self.store.tick()
             for tt in TOPICS:
                 lg = self.store.partition(tt, 0)
                 self.say("R", tt, lg.log_start_offset, lg.segments[0].base_offset)
@@ -272,6 +257,12 @@ class _Child:
             self.store.write_checkpoints()
             for tt in TOPICS:
                 self.say("K", tt, self.store.partition(tt, 0).log_start_offset)
+        elif op == "tick":
+            # The background services' pass: flush by flush.ms, checkpoints when due (not within
+            # a child's life), delayed deletes of retired segments.
+            self.say("i", t)
+            self.store.tick()
+            self.say("I", t)
         elif op == "close_reopen":
             for tt in TOPICS:
                 self.say("c", tt)

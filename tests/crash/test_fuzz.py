@@ -329,11 +329,6 @@ def partition_dir(draw):
     return files
 
 
-# Known bugs, each pinned by a strict xfail in test_damage_files.py, tolerated here so the fuzzer
-# keeps looking for new ones. Drop an entry when its xfail starts passing.
-#   test_recovery_stops_at_the_next_segments_base
-
-
 def _load_and_read(files: dict, clean: bool, recovery_point: int) -> None:
     root = tempfile.mkdtemp(prefix="segstore-fuzz-")
     try:

@@ -197,6 +197,10 @@ class Model:
         elif tag == "K":
             self.start_lo = max(self.start_lo, args[0])
             self.pending = None
+        elif tag == "i":
+            self.pending = Pending("tick")
+        elif tag == "I":
+            self.pending = None
         elif tag == "c":
             self.pending = Pending("close")
         elif tag == "X":
@@ -252,14 +256,11 @@ def check_records(model: Model, recs, start: int, leo: int) -> list[str]:
 
 
 def stray_files(path: str) -> list[str]:
-    """Files in partition directories that are not segment files (after loading). A
-    ``.log.truncating`` left by a kill inside truncate_to is a known leak (strict xfail below),
-    tolerated here."""
+    """Files in partition directories that are not segment files (after loading)."""
     out = []
     for t in cw.TOPICS:
         d = os.path.join(path, f"{t}-0")
-        out += [f"{t}-0/{n}" for n in os.listdir(d)
-                if not SEGMENT_FILE.fullmatch(n) and not n.endswith(".log.truncating")]
+        out += [f"{t}-0/{n}" for n in os.listdir(d) if not SEGMENT_FILE.fullmatch(n)]
     return out
 
 
@@ -459,7 +460,7 @@ def test_child_without_kill_closes_cleanly(tmp_path):
     for tag, topic, nums, extra in reports:
         assert models[topic].apply(tag, nums, extra) == []
     tags = {r[0] for r in reports}
-    assert set("OaAfFlLtTdDkKcX") <= tags, tags
+    assert set("OaAfFlLtTdDrRkKiIcX") <= tags, tags
     assert os.path.exists(os.path.join(path, CLEAN_SHUTDOWN_FILE))
     check_store(path, models, random.Random(0), "after a clean run")
 
@@ -545,10 +546,12 @@ def test_compounding_kills_during_recovery(tmp_path):
         store.close()
 
 
-# -- bugs the harness found (strict xfail: they turn into failures once fixed) ---------------------
+# -- regressions: bugs the harness found, each reduced to a deterministic case --------------------
 
 
 def test_multi_batch_append_filling_the_index(tmp_path):
+    """A multi-batch append that fills the index half-way once raised after writing its data,
+    leaving the log end offset behind (the next append reused the offsets)."""
     cfg = TopicConfig.from_dict({"segment.index.bytes": 24, "index.interval.bytes": 0})
     lg = PartitionLog(str(tmp_path / "t-0"), "t", 0, cfg, lambda: 1000)
     values = BinaryColumn.from_pylist([b"v%d" % i for i in range(10)])
@@ -560,6 +563,8 @@ def test_multi_batch_append_filling_the_index(tmp_path):
 
 
 def test_close_after_the_same_segment_base_was_retired_twice(tmp_path):
+    """Two retired segments with the same base queued for deletion once made close() raise
+    (store left locked, no checkpoints, no marker)."""
     path = str(tmp_path / "store")
     store = segstore.open(path)
     store.create_topic("t", 1)
@@ -597,6 +602,8 @@ def _three_segment_log(path):
 
 
 def test_crash_inside_truncate_to_leaves_no_hole(tmp_path):
+    """A crash after the first later segment is retired leaves a prefix, not a hole (segments
+    were once retired lowest first)."""
     path = str(tmp_path / "t-0")
     cfg = _three_segment_log(path)
 
@@ -618,6 +625,8 @@ def test_crash_inside_truncate_to_leaves_no_hole(tmp_path):
 
 
 def test_crash_inside_truncation_leaves_no_temp_file(tmp_path):
+    """A crash inside the rewrite of a truncated segment leaves ``.log.truncating``; loading
+    removes it (it once leaked)."""
     path = str(tmp_path / "t-0")
     cfg = _three_segment_log(path)
 
@@ -637,6 +646,8 @@ def test_crash_inside_truncation_leaves_no_temp_file(tmp_path):
 
 
 def test_recovery_after_truncations_fits_a_small_index(tmp_path):
+    """Recovery re-indexes batch by batch from the start, which after truncations needs more
+    entries than the appends made; it once overflowed segment.index.bytes and failed the open."""
     path = str(tmp_path / "t-0")
     cfg = TopicConfig.from_dict({"segment.index.bytes": 48, "index.interval.bytes": 0})
     lg = PartitionLog(path, "t", 0, cfg, lambda: 1000)
