@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from dataclasses import dataclass, field
 
-from .errors import CorruptIndexError, CorruptRecordError
 from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,
                       TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, consistent_prefix)
 
