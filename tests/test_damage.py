@@ -362,11 +362,17 @@ def test_single_byte_damage_is_located(seg, data):
         raise AssertionError("scan_batches(validate_crc=True) missed a CRC mismatch")
     except CorruptRecordError as e:
         assert e.position == b.pos
-    # Without CRC checks the scanner only looks at sizes and magic bytes, which are intact.
+    # Without CRC checks the scanner looks at sizes, magic bytes and whether a v2 header is
+    # possible at all (lastOffsetDelta >= 0, 0 <= recordsCount <= lastOffsetDelta + 1).
     if pos - b.pos != 16:
         res = _core.scan_batches(damaged, validate_crc=False, raise_on_corrupt=False)
-        assert res.batches["position"].tolist() == [b.pos for b in seg.batches]
-        assert res.valid_end == len(damaged) and res.error is None and not res.torn
+        delta, = struct.unpack_from(">i", damaged, b.pos + 23)
+        count, = struct.unpack_from(">i", damaged, b.pos + 57)
+        if b.magic == 2 and not (delta >= 0 and 0 <= count <= delta + 1):
+            assert res.error is not None and res.error.position == b.pos
+        else:
+            assert res.batches["position"].tolist() == [b.pos for b in seg.batches]
+            assert res.valid_end == len(damaged) and res.error is None and not res.torn
 
 
 @given(seg=segments(), data=st.data())
