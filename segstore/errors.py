@@ -79,3 +79,7 @@ class StoreClosedError(SegstoreError):
 
 class ReadOnlyStoreError(SegstoreError):
     """A mutation on a store opened with ``readonly=True``."""
+
+
+class CleaningAbortedError(SegstoreError):
+    """A cleaning round was aborted (truncation, topic deletion, shutdown); nothing was swapped."""

@@ -18,7 +18,7 @@ from . import _core
 from .checkpoint import fsync_dir
 from .columns import BinaryColumn, RecordColumns
 from .compression import codec_id
-from .errors import (InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
+from .errors import (CleaningAbortedError, InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
                      ReadOnlyStoreError, RecordTooLargeError, StoreClosedError)
 from .loader import load_segments
 from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
@@ -62,6 +62,8 @@ class PartitionLog:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._closed = False
+        # Bumped by every truncation: a cleaner round that saw another value aborts its swap.
+        self.truncations = 0
         self._delete_later = delete_later or (lambda seg, delay_ms: seg.delete_files())
         self.last_flush_ms = clock()
         if readonly:
@@ -532,6 +534,7 @@ class PartitionLog:
                 self._truncate_fully_locked(offset, offset)
                 return
             keep = tuple(s for s in st.segments if s.base_offset <= offset)
+            self.truncations += 1
             for s in reversed(st.segments[len(keep):]):  # highest first: a crash leaves a prefix
                 self._retire(s)
             keep[-1].truncate_to(offset)
@@ -550,6 +553,7 @@ class PartitionLog:
             self._truncate_fully_locked(new_offset, new_offset)
 
     def _truncate_fully_locked(self, new_offset: int, log_start: int) -> None:
+        self.truncations += 1
         for s in self._state.segments:
             self._retire(s)
         seg = LogSegment(self.directory, new_offset, self.config, self.clock,
@@ -586,18 +590,24 @@ class PartitionLog:
                         new_log_start if new_log_start is not None else -1)
             self._state = _State(keep, min(start, st.log_end_offset), st.log_end_offset)
 
-    def replace_segments(self, new_segments, old_segments) -> None:
+    def replace_segments(self, new_segments, old_segments, *,
+                         expected_truncations: Optional[int] = None) -> None:
         """Swap cleaned segments in for old ones with Kafka's crash-safe protocol (REF §2.2).
 
         ``new_segments`` are LogSegments written with the ``.cleaned`` suffix. In descending
         base-offset order each is renamed ``.swap`` (from then on it is committed); the old
         segments are renamed ``.deleted`` and queued for deletion; finally the ``.swap`` suffixes
         are dropped. A crash at any point leaves files the loader completes or rolls back.
+        With ``expected_truncations`` (the cleaner's view of :attr:`truncations` when it started)
+        a truncation since then raises ``CleaningAbortedError`` and nothing is swapped.
         """
         self._check_writable()
         from .segment import CLEANED_SUFFIX, SWAP_SUFFIX
         new = sorted(new_segments, key=lambda sg: sg.base_offset)
         with self._lock:
+            if expected_truncations is not None and expected_truncations != self.truncations:
+                raise CleaningAbortedError(
+                    f"{self.topic}-{self.partition} was truncated while it was being cleaned")
             st = self._state
             live = {id(sg) for sg in st.segments}
             old = sorted((sg for sg in old_segments if id(sg) in live), key=lambda sg: sg.base_offset)
