@@ -1,0 +1,230 @@
+"""``segstore verify``, ``recover`` and ``retention``: checking, repairing and expiring a store."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+
+from ..checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
+from ._common import (CommandError, add_store_options, iter_partitions, open_store, print_json,
+                      progress)
+
+
+def register(subparsers) -> None:
+    """Add the ``verify``, ``recover`` and ``retention`` subcommands."""
+    p = subparsers.add_parser(
+        "verify", help="check every batch CRC and index entry; exit 1 on problems",
+        description="Check every batch's CRC and layout and every index entry against its log, "
+                    "without changing anything (the store is opened read-only, so a live writer "
+                    "may keep running). Exit status 1 when a problem is found.")
+    add_store_options(p)
+    p.add_argument("--topic", action="append", default=None,
+                   help="only this topic; repeatable")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+    p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
+    p.set_defaults(func=run_verify)
+
+    p = subparsers.add_parser(
+        "recover", help="run crash recovery now and report what it repaired",
+        description="Open the store for writing as after a crash: every segment above each "
+                    "partition's recovery point is re-read, CRCs checked, indexes rebuilt and a "
+                    "torn or corrupt tail truncated (with the segments after it, as Kafka does); "
+                    "every index of every segment is then loaded and checked. Prints what was "
+                    "repaired. Needs the writer lock: stop the writer first.")
+    add_store_options(p)
+    p.add_argument("--full", action="store_true",
+                   help="recover every segment from the start of each log, not only those "
+                        "above the recovery point (reads the whole store)")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+    p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
+    p.set_defaults(func=run_recover)
+
+    p = subparsers.add_parser(
+        "retention", help="delete segments past retention.ms / retention.bytes (or --dry-run)",
+        description="Run one retention pass (retention.ms, retention.bytes, log start offset; "
+                    "REF §5) over every partition and print what it deleted. --dry-run prints "
+                    "what a pass would delete and changes nothing.")
+    add_store_options(p)
+    p.add_argument("--dry-run", action="store_true", help="change nothing; print what would go")
+    p.add_argument("--now-ms", type=int, default=None, metavar="MS",
+                   help="the time the rules compare with (default: now)")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+    p.set_defaults(func=run_retention)
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+def run_verify(args) -> int:
+    """``segstore verify``: every partition's ``verify()``; exit 1 on any problem."""
+    results = []
+    with open_store(args) as store:
+        parts = iter_partitions(store, args.topic)
+        logs = [(t, p, store.partition(t, p)) for t, p in parts]
+        total = sum(lg.size_bytes for _, _, lg in logs)
+        with progress(args, total, "verify", unit="B") as bar:
+            for t, p, lg in logs:
+                size, segments = lg.size_bytes, len(lg.segments)
+                try:
+                    problems = [{"file": pr.file, "position": pr.position,
+                                 "message": pr.message} for pr in lg.verify()]
+                except Exception as e:  # one unreadable partition must not hide the others
+                    problems = [{"file": lg.directory, "position": -1,
+                                 "message": f"verify failed: {type(e).__name__}: {e}"}]
+                results.append({"topic": t, "partition": p, "segments": segments,
+                                "bytes": size, "problems": problems})
+                bar.advance(size, f"{t}-{p}")
+    count = sum(len(r["problems"]) for r in results)
+    if args.json:
+        print_json({"partitions": results, "problems": count})
+    else:
+        for r in results:
+            for pr in r["problems"]:
+                print(f"{r['topic']}-{r['partition']}: {pr['file']} at position "
+                      f"{pr['position']}: {pr['message']}")
+        segs = sum(r["segments"] for r in results)
+        size = sum(r["bytes"] for r in results)
+        verdict = "no problems found" if not count else \
+            f"{count} problem{'s' if count != 1 else ''} found"
+        print(f"verified {len(results)} partition{'s' if len(results) != 1 else ''} "
+              f"({segs} segments, {size} bytes): {verdict}")
+    return 1 if count else 0
+
+
+# -- recover ----------------------------------------------------------------------------------
+
+class _Collect(logging.Handler):
+    """Keeps segstore's warnings (what recovery repaired) for the report."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _check_unlocked(path: str) -> None:
+    lock = os.path.join(path, ".lock")
+    if not os.path.exists(lock):
+        return
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        raise CommandError(f"{path} is locked by a running writer (pid {holder}); stop it "
+                           "before recovering") from None
+    finally:
+        os.close(fd)
+
+
+def run_recover(args) -> int:
+    """``segstore recover``: the loader's crash recovery, forced, then every index checked."""
+    from . import LOG_HANDLER
+    path = args.path
+    if not os.path.isdir(path):
+        raise CommandError(f"{path}: no such directory")
+    _check_unlocked(path)
+    # Recovery runs when the last shutdown was not clean (Kafka's rule): removing the marker is
+    # how Kafka operators force it too. Without the recovery-point checkpoint every segment is
+    # recovered. A writer that takes the lock meanwhile has already removed the marker itself.
+    for name in (CLEAN_SHUTDOWN_FILE,) + ((RECOVERY_POINT_CHECKPOINT,) if args.full else ()):
+        try:
+            os.unlink(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+    collect = _Collect()
+    logger = logging.getLogger("segstore")
+    logger.addHandler(collect)
+    LOG_HANDLER.muted = True
+    try:
+        report = []
+        with open_store(args, writable=True) as store:
+            parts = iter_partitions(store)
+            total = sum(len(store.partition(t, p).segments) for t, p in parts)
+            with progress(args, total, "recover", unit=" segments") as bar:
+                for t, p in parts:
+                    lg = store.partition(t, p)
+                    loaded = getattr(lg, "load_result", None)
+                    segs = lg.segments
+                    for i, seg in enumerate(segs):
+                        # Sealed segments check their indexes when first used: use them now,
+                        # so a bad index is rebuilt (and reported) here, not on a later read.
+                        seg.offset_index, seg.time_index
+                        if i < len(segs) - 1:
+                            seg.release_files()
+                        bar.advance(1, f"{t}-{p}")
+                    report.append({
+                        "topic": t, "partition": p, "directory": lg.directory,
+                        "recovered_segments": loaded.recovered_segments if loaded else 0,
+                        "truncated_bytes": loaded.truncated_bytes if loaded else 0,
+                        "deleted_segments": list(loaded.deleted_segments) if loaded else [],
+                        "log_start_offset": lg.log_start_offset,
+                        "log_end_offset": lg.log_end_offset})
+    finally:
+        logger.removeHandler(collect)
+        LOG_HANDLER.muted = False
+    for r in report:
+        prefix = r["directory"].rstrip(os.sep) + os.sep
+        r["notes"] = [m for m in collect.messages if prefix in m]
+    unattributed = [m for m in collect.messages
+                    if not any(m in r["notes"] for r in report)]
+    if args.json:
+        print_json({"full": args.full, "partitions": report, "notes": unattributed})
+        return 0
+    repaired = 0
+    for r in report:
+        name = f"{r['topic']}-{r['partition']}"
+        changed = r["truncated_bytes"] or r["deleted_segments"] or r["notes"]
+        repaired += bool(changed)
+        line = (f"{name}: recovered {r['recovered_segments']} segment"
+                f"{'' if r['recovered_segments'] == 1 else 's'}, truncated "
+                f"{r['truncated_bytes']} bytes")
+        if r["deleted_segments"]:
+            line += ", deleted segments " + ", ".join(f"{b:020d}" for b in r["deleted_segments"])
+        line += f"; offsets [{r['log_start_offset']}, {r['log_end_offset']})"
+        print(line)
+        for m in r["notes"]:
+            print(f"  {m}")
+    for m in unattributed:
+        print(f"note: {m}")
+    scope = "every segment" if args.full else "segments above the recovery point"
+    print(f"recovery of {len(report)} partitions ({scope}): "
+          + (f"{repaired} repaired" if repaired else "nothing to repair"))
+    return 0
+
+
+# -- retention --------------------------------------------------------------------------------
+
+def retention_json(report) -> dict:
+    """A RetentionReport as plain JSON types."""
+    parts = []
+    for tp, pr in sorted(report.partitions.items()):
+        parts.append({
+            "topic": tp.topic, "partition": tp.partition,
+            "cleanup_policy": list(pr.cleanup_policy),
+            "old_log_start_offset": pr.old_log_start_offset,
+            "log_start_offset": pr.log_start_offset, "log_end_offset": pr.log_end_offset,
+            "rolled": pr.rolled,
+            "deleted": [{"base_offset": d.base_offset, "end_offset": d.end_offset,
+                         "size_bytes": d.size_bytes, "largest_timestamp": d.largest_timestamp,
+                         "reason": d.reason} for d in pr.deleted]})
+    return {"now_ms": report.now_ms, "dry_run": report.dry_run,
+            "segments_deleted": report.segments_deleted, "bytes_deleted": report.bytes_deleted,
+            "partitions": parts,
+            "errors": {f"{tp.topic}-{tp.partition}": e for tp, e in sorted(report.errors.items())}}
+
+
+def run_retention(args) -> int:
+    """``segstore retention [--dry-run]``: one pass; exit 1 if a partition failed."""
+    # A dry run opens read-only: it cannot change anything, and a live writer may keep going.
+    with open_store(args, writable=not args.dry_run) as store:
+        report = store.enforce_retention(now_ms=args.now_ms, dry_run=args.dry_run)
+    if args.json:
+        print_json(retention_json(report))
+    else:
+        print(report)
+    return 1 if report.errors else 0
+
