@@ -34,10 +34,11 @@ test: install debug-build
 test-fast: install
 	$(PY) -m pytest -q -x -p no:cacheprovider -m "not slow and not spark"
 
-$(DEBUG_DIR)/.built: $(STAMP) $(wildcard segstore/*.py)
+$(DEBUG_DIR)/.built: $(STAMP) $(wildcard segstore/*.py segstore/*/*.py)
 	rm -rf $(DEBUG_DIR)
 	SEGSTORE_CYTHON_DEBUG=1 $(PY) setup.py -q build_ext --force --build-lib $(DEBUG_DIR) --build-temp build/debug-tmp
 	cp segstore/*.py segstore/*.pyi $(DEBUG_DIR)/segstore/
+	for d in segstore/*/; do case $$d in *__pycache__*) ;; *) mkdir -p $(DEBUG_DIR)/$$d && cp $$d*.py $(DEBUG_DIR)/$$d ;; esac; done
 	touch $@
 
 debug-build: $(DEBUG_DIR)/.built

@@ -32,6 +32,7 @@ from .errors import (InvalidTopicError, ReadOnlyStoreError, StoreClosedError, St
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .log import PartitionLog
 from .records import OffsetAndTimestamp, RecordMetadata, TopicPartition
+from .cleaner import CleanerStats, LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 
 log = logging.getLogger("segstore.store")
@@ -89,6 +90,8 @@ class LogStore:
         self._last_checkpoint_ms = self.clock()
         self._next_retention_ms = self._last_checkpoint_ms + min(
             RETENTION_INITIAL_DELAY_MS, self.config.retention_check_interval_ms)
+        self.cleaner = LogCleaner(self.path, self.config, lambda: dict(self._logs), self.clock,
+                                  retention=self._retain_compacted)
         if readonly:
             if not os.path.isdir(self.path):
                 raise FileNotFoundError(errno.ENOENT, "no segstore directory", self.path)
@@ -227,6 +230,8 @@ class LogStore:
             meta = self._topic(name)
             for p in range(meta["partitions"]):
                 tp = TopicPartition(name, p)
+                if not self.readonly:  # stop a round in progress before the files go
+                    self.cleaner.manager.abort_and_pause_cleaning(tp)
                 lg = self._logs.pop(tp)
                 lg.close()
                 with self._delete_lock:
@@ -237,6 +242,7 @@ class LogStore:
                 gone = os.path.join(self.path, name[:255 - len(suffix)] + suffix)
                 os.replace(lg.directory, gone)
                 shutil.rmtree(gone, ignore_errors=True)
+                self.cleaner.manager.remove_partition(tp)
             try:
                 os.unlink(self._meta_path(name))
             except FileNotFoundError:  # a topic found in a Kafka log dir has no metadata file
@@ -363,7 +369,8 @@ class LogStore:
             self._last_checkpoint_ms = now
         if now >= self._next_retention_ms:
             self._next_retention_ms = now + self.config.retention_check_interval_ms
-            self.enforce_retention(now_ms=now)  # logs each deletion; errors per partition
+            # Running cleaner threads do compacted logs' retention after each round (REF §6.2).
+            self.enforce_retention(now_ms=now, include_compacted=not self.cleaner.running)
         self._delete_due(now)
 
     def _delete_due(self, now: Optional[int]) -> int:
@@ -388,9 +395,8 @@ class LogStore:
         it).
 
         Kafka runs retention of compacted logs from its cleaner threads, after each cleaning
-        attempt. segstore has no cleaner threads yet, so this pass (and :meth:`tick`) covers
-        compacted logs too; the cleaner will take them over by calling this with
-        ``include_compacted=False`` from :meth:`tick` and ``segstore.retention.enforce`` per log.
+        attempt; so does segstore when its cleaner threads run (:meth:`tick` then passes
+        ``include_compacted=False``). Without them, this pass covers compacted logs too.
         """
         if dry_run:
             self._check_open()
@@ -416,6 +422,69 @@ class LogStore:
                 report.errors[tp] = f"{type(e).__name__}: {e}"
         return report
 
+    def _retain_compacted(self, logs, now: Optional[int]) -> None:
+        # Called by cleaner threads with logs the manager marked in progress.
+        now = self.clock() if now is None else now
+        for lg in logs:
+            with self._lock:
+                if lg._closed:
+                    continue
+                try:
+                    _enforce_retention(lg, now)
+                except Exception:
+                    log.exception("retention of %s-%d failed", lg.topic, lg.partition)
+
+    # -- compaction -------------------------------------------------------------------------
+    @property
+    def cleaner_manager(self):
+        """The LogCleanerManager: cleanable ranges, dirty ratios, states (``describe``)."""
+        return self.cleaner.manager
+
+    def compact(self, topic: Optional[str] = None, partition: Optional[int] = None,
+                force: bool = False, now_ms: Optional[int] = None) -> list:
+        """Clean compacted partitions now, in this thread; returns each round's CleanerStats.
+
+        Without arguments every compacted partition that is eligible (dirty ratio above
+        ``min.cleanable.dirty.ratio`` or overdue by ``max.compaction.lag.ms``) is cleaned;
+        ``topic``/``partition`` narrow it (a named topic must have ``compact`` in its
+        ``cleanup.policy``). ``force=True`` cleans the chosen partitions whatever their dirty
+        ratio. A partition is cleaned round after round until its cleanable section is done
+        (a round ends early when the offset map fills up). ``now_ms`` defaults to the clock.
+        """
+        self._check_writable()
+        if partition is not None and topic is None:
+            raise InvalidTopicError("compact(partition=...) needs a topic")
+        if topic is not None:
+            cfg = self._topic(topic)["config"]
+            if not cfg.compact:
+                raise InvalidTopicError(
+                    f"topic {topic!r} has cleanup.policy={','.join(cfg.cleanup_policy)}; only "
+                    f"topics with 'compact' can be compacted")
+            parts = [partition] if partition is not None else range(self._topic(topic)["partitions"])
+            tps = [TopicPartition(topic, p) for p in parts]
+            for tp in tps:
+                if tp not in self._logs:
+                    raise UnknownTopicOrPartitionError(f"no partition {tp.topic}-{tp.partition}")
+        else:
+            tps = sorted(tp for tp, lg in self._logs.items() if lg.config.compact)
+        results: list[CleanerStats] = []
+        mgr = self.cleaner.manager
+        for tp in tps:
+            last_end = None
+            while True:
+                now = self.clock() if now_ms is None else now_ms
+                ltc = mgr.grab_log(tp, now, force=force)
+                if ltc is None:
+                    break
+                stats = self.cleaner.clean_log(-1, ltc, now, raise_errors=True)
+                if stats is None:
+                    break
+                results.append(stats)
+                if not stats.map_full or stats.end_offset == last_end:
+                    break  # done, or a full map made no progress
+                last_end = stats.end_offset
+        return results
+
     def write_checkpoints(self) -> None:
         """Write the recovery-point and log-start-offset checkpoint files."""
         self._check_writable()
@@ -426,10 +495,12 @@ class LogStore:
             {tp: lg.log_start_offset for tp, lg in logs.items()})
 
     def start_services(self) -> None:
-        """Start the background thread that runs :meth:`tick` (flusher, checkpoints, deletes)."""
+        """Start the background thread that runs :meth:`tick` (flusher, checkpoints, deletes)
+        and the ``log.cleaner.threads`` cleaner threads."""
         self._check_writable()
         if self._services:
             return
+        self.cleaner.start()
         period = max(0.05, min(1.0, self.config["log.flush.scheduler.interval.ms"] / 1000.0))
 
         def run():
@@ -460,6 +531,7 @@ class LogStore:
             "size-bytes": sum(lg.size_bytes for lg in self._logs.values()),
             "segments": sum(len(lg.segments) for lg in self._logs.values()),
             "pending-deletes": len(self._delete_queue),
+            **self.cleaner.metrics(),
         }
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -471,6 +543,7 @@ class LogStore:
         self._stop.set()
         for t in self._services:
             t.join()
+        self.cleaner.shutdown()
         with self._lock:
             if not self.readonly:
                 for lg in self._logs.values():

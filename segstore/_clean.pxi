@@ -1,0 +1,827 @@
+# The log cleaner's byte loops: the offset map (REF §6.12), building it over segments (REF §6.5)
+# and filtering batches into a cleaned segment (REF §6.8).
+# Included by _core.pyx; shares its namespace.
+#
+# Policy (which segments, transactions, producer state, horizons) is decided in
+# segstore/cleaner/; these loops get plain numbers and run without the GIL over batches that need
+# no policy (no producer id, not control, uncompressed, magic 2). Anything else is handed back to
+# Python one batch at a time (ST_NEED_PYTHON), which decides and calls the same per-batch kernel.
+
+from libc.string cimport memcmp
+
+cdef enum:
+    DIGEST_BYTES = 16
+    ST_NEED_PYTHON = 100       # the batch at the returned position needs the Python path
+    ST_OUTPUT_FULL = 101       # the output buffer cannot take the next batch
+    ST_MAP_FULL = 102          # put() on a map with no free slot
+
+    STRATEGY_OFFSET = 0
+    STRATEGY_TIMESTAMP = 1
+    STRATEGY_HEADER = 2
+
+    RETAIN_EMPTY = 0           # keep the batch header even if no record survives
+    DELETE = 1                 # drop the whole batch without looking at records
+    DELETE_EMPTY = 2           # drop the batch only if no record survives
+
+    ATTR_CODEC = 0x07
+    ATTR_LOG_APPEND_TIME = 0x08
+    ATTR_TRANSACTIONAL = 0x10
+    ATTR_CONTROL = 0x20
+    ATTR_DELETE_HORIZON = 0x40
+
+cdef int64_t MISSING_VALUE = -0x7FFFFFFFFFFFFFFF - 1   # header strategy: record lacks the header
+
+
+cdef struct MapCore:
+    uint64_t* mem          # slots × (bpe / 8) words: digest h1, h2, offset[, value]
+    int64_t slots
+    int64_t words          # words per entry: 3, or 4 when a strategy value is kept
+    int64_t entries
+    int64_t lookups
+    int64_t probes
+    int64_t latest_offset
+    int strategy
+
+
+cdef inline int64_t _probe_slot(const MapCore* m, uint64_t h1, uint64_t h2,
+                                int64_t attempt) noexcept nogil:
+    # Kafka's probe sequence over the 16 digest bytes (h1 then h2, little-endian as
+    # mmh3.hash_bytes gives them): a big-endian int32 window at byte min(attempt, 12), plus
+    # attempt - 12 beyond that (linear probing); abs(Integer.MIN_VALUE) taken as 0.
+    cdef int64_t i = attempt if attempt < 12 else 12
+    cdef uint32_t w = 0
+    cdef int64_t j, byte_index
+    cdef uint64_t word
+    for j in range(4):
+        byte_index = i + j
+        word = h1 if byte_index < 8 else h2
+        w = (w << 8) | <uint32_t>((word >> (8 * (byte_index & 7))) & 0xFF)
+    if attempt > 12:
+        w = w + <uint32_t>(attempt - 12)
+    cdef int32_t p = <int32_t>w
+    cdef int64_t a
+    if p == -2147483648:
+        a = 0
+    elif p < 0:
+        a = -<int64_t>p
+    else:
+        a = p
+    return a % m.slots
+
+
+cdef inline int _map_put(MapCore* m, uint64_t h1, uint64_t h2, int64_t offset, int64_t value,
+                         bint update_only) noexcept nogil:
+    """Kafka's put: overwrite the entry with an equal digest or fill the first empty slot.
+
+    With a strategy (KIP-280) an equal digest is overwritten only when ``value`` is at least the
+    stored one (ties go to the later offset). ``update_only`` never inserts and overwrites only
+    on a strictly greater value: it lets already-clean records beat dirty ones.
+    """
+    cdef int64_t attempt = 0, slot
+    cdef uint64_t* e
+    if not update_only and m.entries >= m.slots:
+        return ST_MAP_FULL
+    m.lookups += 1
+    while True:
+        slot = _probe_slot(m, h1, h2, attempt)
+        m.probes += 1
+        e = m.mem + slot * m.words
+        if e[0] == 0 and e[1] == 0 and e[2] == 0:
+            if update_only:
+                return ST_OK
+            e[0] = h1
+            e[1] = h2
+            e[2] = <uint64_t>offset
+            if m.words == 4:
+                e[3] = <uint64_t>value
+            m.entries += 1
+            m.latest_offset = offset
+            return ST_OK
+        if e[0] == h1 and e[1] == h2:
+            if update_only:
+                if m.strategy != STRATEGY_OFFSET and value > <int64_t>e[3]:
+                    e[2] = <uint64_t>offset
+                    e[3] = <uint64_t>value
+                return ST_OK
+            if m.strategy == STRATEGY_OFFSET or value >= <int64_t>e[3]:
+                e[2] = <uint64_t>offset
+                if m.words == 4:
+                    e[3] = <uint64_t>value
+            m.latest_offset = offset
+            return ST_OK
+        attempt += 1
+        if update_only and attempt >= m.slots + 12:
+            return ST_OK
+
+
+cdef inline int64_t _map_get(MapCore* m, uint64_t h1, uint64_t h2) noexcept nogil:
+    # Bounded probing: a completely full map answers -1 for an absent key (REF §7 #12).
+    cdef int64_t attempt = 0, slot
+    cdef int64_t limit = m.slots + DIGEST_BYTES - 4
+    cdef uint64_t* e
+    m.lookups += 1
+    while attempt < limit:
+        slot = _probe_slot(m, h1, h2, attempt)
+        m.probes += 1
+        e = m.mem + slot * m.words
+        if e[0] == 0 and e[1] == 0 and e[2] == 0:
+            return -1
+        if e[0] == h1 and e[1] == h2:
+            return <int64_t>e[2]
+        attempt += 1
+    return -1
+
+
+cdef inline int _header_value(const uint8_t* b, Py_ssize_t p, Py_ssize_t end, int32_t count,
+                              const uint8_t* hkey, Py_ssize_t hlen, int64_t* out) noexcept nogil:
+    """The int64 (8 bytes, big-endian) value of the first header named ``hkey``, or
+    MISSING_VALUE when there is none or it is not 8 bytes long."""
+    cdef int32_t i, klen, vlen
+    cdef int st
+    cdef bint match
+    out[0] = MISSING_VALUE
+    for i in range(count):
+        st = read_varint(b, &p, end, &klen)
+        if st != ST_OK:
+            return st
+        if klen < 0 or klen > end - p:
+            return ST_TRUNCATED
+        match = klen == hlen and memcmp(b + p, hkey, hlen) == 0
+        p += klen
+        st = read_varint(b, &p, end, &vlen)
+        if st != ST_OK:
+            return st
+        if vlen > end - p:
+            return ST_TRUNCATED
+        if match:
+            if vlen == 8:
+                out[0] = rd_i64(b + p)
+            return ST_OK
+        if vlen > 0:
+            p += vlen
+    return ST_OK
+
+
+cdef struct StrategyKey:
+    int strategy
+    const uint8_t* header_key
+    Py_ssize_t header_key_len
+
+
+cdef inline int _strategy_value(const StrategyKey* sk, const BatchHeader* h, const uint8_t* b,
+                                Py_ssize_t end, const RecordView* r, int64_t* out) noexcept nogil:
+    if sk.strategy == STRATEGY_TIMESTAMP:
+        out[0] = h.max_timestamp if (h.attributes & ATTR_LOG_APPEND_TIME) else \
+            h.base_timestamp + r.timestamp_delta
+        return ST_OK
+    if sk.strategy == STRATEGY_HEADER:
+        return _header_value(b, r.headers_pos, end, r.header_count, sk.header_key,
+                             sk.header_key_len, out)
+    out[0] = 0
+    return ST_OK
+
+
+@cython.final
+cdef class OffsetMap:
+    """Kafka's SkimpyOffsetMap (REF §6.12): key digest → latest offset in one flat buffer.
+
+    ``memory`` bytes hold ``memory // 24`` slots of a 16-byte MurmurHash3 x64-128 digest and an
+    int64 offset (32 bytes with a KIP-280 ``strategy`` other than ``"offset"``, which also keeps
+    the compared value). ``load_factor`` is ``log.cleaner.io.buffer.load.factor``: cleaning
+    stops filling the map at ``max_desired_size`` entries.
+    """
+    cdef MapCore m
+    cdef object _array
+    cdef readonly int64_t memory
+    cdef readonly double load_factor
+    cdef readonly str strategy
+    cdef bytes _header_key
+    cdef bint _dirty
+
+    def __cinit__(self, int64_t memory, double load_factor=0.9, str strategy="offset",
+                  header_key=None):
+        if strategy not in ("offset", "timestamp", "header"):
+            raise ValueError(f"unknown compaction strategy {strategy!r}")
+        if not 0.0 < load_factor <= 1.0:
+            raise ValueError(f"load factor {load_factor} is outside (0, 1]")
+        self.m.strategy = {"offset": STRATEGY_OFFSET, "timestamp": STRATEGY_TIMESTAMP,
+                           "header": STRATEGY_HEADER}[strategy]
+        self.m.words = 3 if self.m.strategy == STRATEGY_OFFSET else 4
+        self.m.slots = memory // (self.m.words * 8)
+        if self.m.slots < 1:
+            raise ValueError(f"an offset map of {memory} bytes has no slot "
+                             f"({self.m.words * 8} bytes each)")
+        if strategy == "header":
+            if not header_key:
+                raise ValueError("the header strategy needs a header key")
+            self._header_key = header_key.encode() if isinstance(header_key, str) else bytes(header_key)
+        else:
+            self._header_key = b""
+        self.memory = memory
+        self.load_factor = load_factor
+        self.strategy = strategy
+        # Zeroed pages come from the OS lazily: a fresh map costs memory only as slots fill.
+        self._array = np.zeros(self.m.slots * self.m.words, dtype=np.uint64)
+        cdef uint64_t[::1] words = self._array
+        self.m.mem = &words[0]
+        self.m.entries = self.m.lookups = self.m.probes = 0
+        self.m.latest_offset = -1
+        self._dirty = False
+
+    @property
+    def slots(self) -> int:
+        """Number of entries the buffer holds."""
+        return self.m.slots
+
+    @property
+    def bytes_per_entry(self) -> int:
+        """24 (digest + offset), or 32 with a strategy value."""
+        return self.m.words * 8
+
+    @property
+    def size(self) -> int:
+        """Entries in use."""
+        return self.m.entries
+
+    def __len__(self):
+        return self.m.entries
+
+    @property
+    def max_desired_size(self) -> int:
+        """Entries at which map building stops: ``int(slots * load_factor)``."""
+        return <int64_t>(self.m.slots * self.load_factor)
+
+    @property
+    def latest_offset(self) -> int:
+        """Offset of the last put (or as set by update_latest_offset); -1 when cleared."""
+        return self.m.latest_offset
+
+    def update_latest_offset(self, int64_t offset) -> None:
+        """Set the latest offset directly (Kafka's updateLatestOffset)."""
+        self.m.latest_offset = offset
+
+    @property
+    def utilization(self) -> float:
+        """entries / slots."""
+        return self.m.entries / <double>self.m.slots
+
+    @property
+    def lookups(self) -> int:
+        return self.m.lookups
+
+    @property
+    def probes(self) -> int:
+        return self.m.probes
+
+    @property
+    def collision_rate(self) -> float:
+        """(probes - lookups) / lookups: extra slots looked at per lookup."""
+        return (self.m.probes - self.m.lookups) / <double>self.m.lookups if self.m.lookups else 0.0
+
+    cdef inline void _digest(self, key, uint64_t* h1, uint64_t* h2):
+        cdef const uint8_t[::1] v = key
+        murmur3_x64_128(_ptr(v), v.shape[0], 0, h1, h2)
+
+    def put(self, key, int64_t offset, int64_t value=0) -> None:
+        """Map ``key`` to ``offset`` (a strategy map keeps the entry with the larger value)."""
+        cdef uint64_t h1, h2
+        self._digest(key, &h1, &h2)
+        self._dirty = True
+        if _map_put(&self.m, h1, h2, offset, value, False) == ST_MAP_FULL:
+            raise OverflowError(f"the offset map is full ({self.m.slots} slots)")
+
+    def get(self, key) -> int:
+        """The offset mapped for ``key``, or -1."""
+        cdef uint64_t h1, h2
+        self._digest(key, &h1, &h2)
+        return _map_get(&self.m, h1, h2)
+
+    def clear(self) -> None:
+        """Zero the buffer and the counters; latest offset -1."""
+        if self._dirty:
+            with nogil:
+                memset(self.m.mem, 0, self.m.slots * self.m.words * 8)
+        self._dirty = False
+        self.m.entries = self.m.lookups = self.m.probes = 0
+        self.m.latest_offset = -1
+
+    cdef StrategyKey _skey(self):
+        cdef StrategyKey sk
+        sk.strategy = self.m.strategy
+        sk.header_key = <const uint8_t*>PyBytes_AS_STRING(self._header_key)
+        sk.header_key_len = len(self._header_key)
+        return sk
+
+    def __repr__(self):
+        return (f"OffsetMap(slots={self.m.slots}, size={self.m.entries}, "
+                f"latest_offset={self.m.latest_offset}, strategy={self.strategy!r})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the map (REF §6.5)
+# ---------------------------------------------------------------------------------------------
+
+cdef struct MapBuild:
+    int64_t start_offset
+    int64_t end_offset         # records at or beyond it are not mapped
+    int64_t max_desired
+    const int64_t* aborted     # n × 3: producer id, first offset, last offset
+    Py_ssize_t n_aborted
+    bint update_only           # strategy pass over already-clean records
+    StrategyKey sk
+    int64_t messages_read
+    int64_t bytes_read
+    bint full
+
+
+cdef inline bint _in_aborted(const int64_t* ab, Py_ssize_t n, const BatchHeader* h) noexcept nogil:
+    # Transactions of one producer never overlap, so "inside an aborted range" is Kafka's
+    # ongoing-aborted-transaction test.
+    cdef Py_ssize_t i
+    for i in range(n):
+        if ab[3 * i] == h.producer_id and ab[3 * i + 1] <= h.base_offset <= ab[3 * i + 2]:
+            return True
+    return False
+
+
+cdef int _map_records(MapCore* m, MapBuild* mb, const BatchHeader* h, const uint8_t* b,
+                      Py_ssize_t pos, Py_ssize_t end) noexcept nogil:
+    cdef RecordView r
+    cdef int32_t j
+    cdef int st
+    cdef int64_t offset, value
+    cdef uint64_t h1, h2
+    for j in range(h.records_count):
+        st = parse_record(b, &pos, end, &r)
+        if st != ST_OK:
+            return st
+        offset = h.base_offset + r.offset_delta
+        if r.key_len >= 0 and mb.start_offset <= offset < mb.end_offset:
+            if not mb.update_only and m.entries >= mb.max_desired:
+                mb.full = True
+                return ST_OK
+            st = _strategy_value(&mb.sk, h, b, end, &r, &value)
+            if st != ST_OK:
+                return st
+            murmur3_x64_128(b + r.key_pos, r.key_len if r.key_len > 0 else 0, 0, &h1, &h2)
+            st = _map_put(m, h1, h2, offset, value, mb.update_only)
+            if st != ST_OK:
+                return st
+        mb.messages_read += 1
+    if pos != end:
+        return ST_LEFTOVER
+    return ST_OK
+
+
+cdef int _map_batch(MapCore* m, MapBuild* mb, const BatchHeader* h, const uint8_t* b,
+                    Py_ssize_t rpos, Py_ssize_t rend) noexcept nogil:
+    """One magic-2 batch whose records lie in b[rpos:rend]."""
+    cdef int st
+    if h.attributes & ATTR_CONTROL:
+        mb.messages_read += 1
+    elif (h.attributes & ATTR_TRANSACTIONAL) and _in_aborted(mb.aborted, mb.n_aborted, h):
+        mb.messages_read += h.records_count
+    else:
+        st = _map_records(m, mb, h, b, rpos, rend)
+        if st != ST_OK or mb.full:
+            return st
+    if h.last_offset >= mb.start_offset and not mb.update_only:
+        m.latest_offset = h.last_offset
+    return ST_OK
+
+
+cdef int _map_run(MapCore* m, MapBuild* mb, const uint8_t* b, Py_ssize_t* pos,
+                  Py_ssize_t end) noexcept nogil:
+    """Map uncompressed v2 batches from pos[0]; stops at end, a full map, or a batch that
+    needs Python (compressed or legacy)."""
+    cdef BatchHeader h
+    cdef int st
+    while True:
+        st = scan_one(b, pos[0], end, &h)
+        if st != ST_OK:
+            return st
+        if h.magic < 2 or (h.attributes & ATTR_CODEC) != 0:
+            return ST_NEED_PYTHON
+        st = _map_batch(m, mb, &h, b, pos[0] + V2_HEADER_C, pos[0] + h.size)
+        if st != ST_OK:
+            return st
+        if mb.full:
+            return ST_OK
+        mb.bytes_read += h.size
+        pos[0] += h.size
+
+
+def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int64_t start_offset,
+                     aborted=None, *, bint update_only=False, end_offset=None, file=None):
+    """Put the keys of the batches in ``buf[start:end]`` with offsets >= ``start_offset`` into
+    the map (REF §6.5): control batches and aborted transactional data (``aborted``: int64
+    array of rows producer id, first offset, last offset) are skipped; the map's latest offset
+    follows each batch's last offset. Stops at the first key that would take the map past its
+    ``max_desired_size`` (mid-batch, like Kafka).
+
+    Returns ``(full, position, messages_read, bytes_read)``: ``position`` is where mapping
+    stopped: the next batch to map (before ``end`` when the map filled or the last batch of
+    the range is incomplete). ``update_only`` (strategies only) updates existing entries
+    whose stored value is smaller and inserts nothing; ``end_offset`` leaves records at or
+    beyond it unmapped.
+    """
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
+    cdef const uint8_t* b = _ptr(view)
+    ab = np.ascontiguousarray(np.zeros((0, 3), dtype=np.int64) if aborted is None else aborted,
+                              dtype=np.int64).reshape(-1, 3)
+    cdef const int64_t[::1] abv = ab.reshape(-1)
+    cdef MapBuild mb
+    memset(&mb, 0, sizeof(MapBuild))
+    mb.start_offset = start_offset
+    mb.end_offset = INT64_MAX_C if end_offset is None else end_offset
+    mb.max_desired = omap.max_desired_size
+    mb.aborted = &abv[0] if abv.shape[0] else NULL
+    mb.n_aborted = ab.shape[0]
+    mb.update_only = update_only
+    mb.sk = omap._skey()
+    omap._dirty = True
+    cdef Py_ssize_t pos = start
+    cdef int st
+    cdef BatchHeader h
+    cdef const uint8_t[::1] pview
+    while True:
+        with nogil:
+            st = _map_run(&omap.m, &mb, b, &pos, e)
+        if st == ST_END or (st == ST_OK and mb.full):
+            break
+        if st != ST_NEED_PYTHON:
+            _raise_status(st, pos, file)
+        scan_one(b, pos, e, &h)
+        if h.magic < 2:
+            _map_legacy(omap, &mb, buf, pos, h.size, file)
+        else:
+            try:
+                payload = _compression.decompress(
+                    h.attributes & ATTR_CODEC, memoryview(buf)[pos + V2_HEADER_C:pos + h.size])
+            except CorruptRecordError as ex:
+                raise CorruptRecordError(ex.reason, file=file, position=pos) from None
+            pview = payload
+            st = _map_batch(&omap.m, &mb, &h, _ptr(pview), 0, pview.shape[0])
+            _raise_status(st, pos, file)
+            if mb.full:
+                break
+        mb.bytes_read += h.size
+        pos += h.size
+    return (bool(mb.full), pos, mb.messages_read, mb.bytes_read)
+
+
+cdef _map_legacy(OffsetMap omap, MapBuild* mb, buf, Py_ssize_t pos, Py_ssize_t size, file):
+    # Magic 0/1 (a Kafka broker's old data): rare, so the object decoder is good enough.
+    cdef int64_t latest = -1
+    for rec in decode_records(buf, pos, pos + size, validate_crc=True, file=file):
+        if rec.key is not None and mb.start_offset <= rec.offset < mb.end_offset:
+            if not mb.update_only and omap.m.entries >= mb.max_desired:
+                mb.full = True
+                return
+            value = rec.timestamp if mb.sk.strategy == STRATEGY_TIMESTAMP else MISSING_VALUE
+            omap.put(rec.key, rec.offset, value)
+        mb.messages_read += 1
+        latest = rec.offset
+    if latest >= mb.start_offset and not mb.update_only:
+        omap.m.latest_offset = latest
+
+
+# ---------------------------------------------------------------------------------------------
+# Filtering batches into a cleaned segment (REF §6.8)
+# ---------------------------------------------------------------------------------------------
+
+cdef struct FilterCore:
+    int64_t now
+    int64_t new_horizon        # now + delete.retention.ms
+    int64_t upper_bound        # upperBoundOffsetOfCleaningRound
+    int strategy
+    uint8_t* keep              # per-record decisions of the current batch
+    Py_ssize_t keep_cap
+    int64_t messages_read
+    int64_t bytes_read
+    int64_t messages_written
+    int64_t bytes_written
+    int64_t invalid
+    int64_t max_offset
+    int64_t rebuilt            # batches written with new contents (CRC to compute)
+
+
+cdef inline int64_t _room_needed(const BatchHeader* h) noexcept nogil:
+    # A rebuilt record grows by at most 10 bytes (longer length and timestamp varints).
+    return <int64_t>h.size + 10 * <int64_t>(h.records_count if h.records_count > 0 else 0) + V2_HEADER_C
+
+
+cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const uint8_t* src,
+                       const uint8_t* rb, Py_ssize_t rpos, Py_ssize_t rend, int mode,
+                       bint discard_records, bint marker_for_empty_txn, uint8_t* out,
+                       Py_ssize_t* out_pos, bint* rebuilt) noexcept nogil:
+    """Decide and write one magic-2 batch (``src`` = its bytes; records in rb[rpos:rend]).
+
+    Writes the batch verbatim, rebuilt (uncompressed, CRC left 0 for the caller), as an empty
+    header, or not at all. The caller made room for ``_room_needed`` bytes at out[out_pos].
+    """
+    cdef int32_t n = h.records_count, j, retained = 0
+    cdef RecordView r
+    cdef int st
+    cdef Py_ssize_t p, rec_start, ts_end, attr_pos
+    cdef int32_t length
+    cdef int64_t offset, got, ts, max_ts = -0x7FFFFFFFFFFFFFFF - 1, first_ts = 0, horizon
+    cdef int64_t tsd
+    cdef uint64_t h1, h2
+    cdef bint tomb = False, keep, ok, has_horizon, retain_deletes, need_horizon, control
+    cdef uint8_t* o
+    cdef uint8_t* q
+    cdef BatchHeader nh
+    cdef uint8_t* grown
+    rebuilt[0] = False
+    fc.messages_read += n
+    fc.bytes_read += h.size
+    if mode == DELETE:
+        return ST_OK
+    if n > fc.keep_cap:
+        grown = <uint8_t*>realloc(fc.keep, n)
+        if grown == NULL:
+            return ST_NO_MEMORY
+        fc.keep = grown
+        fc.keep_cap = n
+    has_horizon = (h.attributes & ATTR_DELETE_HORIZON) != 0
+    retain_deletes = not has_horizon or fc.now < h.base_timestamp
+    control = (h.attributes & ATTR_CONTROL) != 0
+    p = rpos
+    for j in range(n):
+        st = parse_record(rb, &p, rend, &r)
+        if st != ST_OK:
+            return st
+        offset = h.base_offset + r.offset_delta
+        if discard_records:
+            keep = False
+        elif control:
+            keep = True
+        elif offset > m.latest_offset:
+            keep = True            # beyond the mapped range: a later round decides
+        elif r.key_len < 0:
+            keep = False
+            fc.invalid += 1
+        else:
+            murmur3_x64_128(rb + r.key_pos, r.key_len, 0, &h1, &h2)
+            got = _map_get(m, h1, h2)
+            if fc.strategy == STRATEGY_OFFSET:
+                ok = offset >= got
+            else:
+                ok = got == -1 or offset == got
+            keep = ok and (r.value_len >= 0 or retain_deletes)
+        fc.keep[j] = keep
+        if keep:
+            ts = h.base_timestamp + r.timestamp_delta
+            if retained == 0:
+                first_ts = ts
+            if ts > max_ts:
+                max_ts = ts
+            if r.value_len < 0:
+                tomb = True
+            retained += 1
+    if p != rend:
+        return ST_LEFTOVER
+    o = out + out_pos[0]
+    need_horizon = (tomb or marker_for_empty_txn) and not has_horizon
+    if retained == n and n > 0 and not need_horizon:
+        memcpy(o, src, h.size)
+        out_pos[0] += h.size
+        fc.messages_written += n
+        fc.bytes_written += h.size
+        if h.last_offset > fc.max_offset:
+            fc.max_offset = h.last_offset
+        return ST_OK
+    if retained == 0 and mode != RETAIN_EMPTY:
+        return ST_OK
+    nh = h[0]
+    nh.records_count = retained
+    if retained == 0:
+        # An empty header keeps the offsets (and the producer's last sequence) of the batch.
+        nh.attributes = h.attributes & (ATTR_LOG_APPEND_TIME | ATTR_TRANSACTIONAL | ATTR_CONTROL)
+        nh.base_timestamp = -1
+        nh.size = V2_HEADER_C
+        _write_batch_header(o, &nh)
+        out_pos[0] += V2_HEADER_C
+    else:
+        if need_horizon:
+            horizon = fc.new_horizon
+        elif has_horizon:
+            horizon = h.base_timestamp
+        else:
+            horizon = -1
+        nh.attributes = h.attributes & ~(ATTR_CODEC | ATTR_DELETE_HORIZON)
+        if horizon >= 0:
+            nh.attributes = nh.attributes | ATTR_DELETE_HORIZON
+            nh.base_timestamp = horizon
+        else:
+            nh.base_timestamp = first_ts
+        if not (h.attributes & ATTR_LOG_APPEND_TIME):
+            nh.max_timestamp = max_ts
+        q = o + V2_HEADER_C
+        p = rpos
+        for j in range(n):
+            rec_start = p
+            parse_record(rb, &p, rend, &r)     # validated by the first pass
+            if not fc.keep[j]:
+                continue
+            # Re-encode only the timestamp delta: everything after it is copied as is.
+            attr_pos = rec_start
+            read_varint(rb, &attr_pos, rend, &length)
+            ts_end = attr_pos + 1
+            read_varlong(rb, &ts_end, rend, &tsd)
+            tsd = h.base_timestamp + tsd - nh.base_timestamp
+            length = <int32_t>(1 + varlong_size(tsd) + (p - ts_end))
+            q += write_varint(q, length)
+            q[0] = rb[attr_pos]
+            q += 1
+            q += write_varlong(q, tsd)
+            memcpy(q, rb + ts_end, p - ts_end)
+            q += p - ts_end
+        nh.size = <int32_t>(q - o)
+        _write_batch_header(o, &nh)
+        out_pos[0] += nh.size
+    rebuilt[0] = True
+    fc.rebuilt += 1
+    fc.messages_written += retained
+    fc.bytes_written += nh.size
+    if h.last_offset > fc.max_offset:
+        fc.max_offset = h.last_offset
+    return ST_OK
+
+
+cdef int _filter_run(MapCore* m, FilterCore* fc, const uint8_t* b, Py_ssize_t* pos,
+                     Py_ssize_t end, uint8_t* out, Py_ssize_t* out_pos,
+                     Py_ssize_t out_cap) noexcept nogil:
+    """Filter plain batches (magic 2, uncompressed, no producer id, not control) from pos[0];
+    stops at end, at a batch for the Python path, or when the output cannot take the next."""
+    cdef BatchHeader h
+    cdef int st
+    cdef bint rebuilt
+    cdef int mode
+    while True:
+        st = scan_one(b, pos[0], end, &h)
+        if st != ST_OK:
+            return st
+        if (h.magic < 2 or (h.attributes & (ATTR_CODEC | ATTR_CONTROL)) != 0
+                or h.producer_id >= 0):
+            return ST_NEED_PYTHON
+        if out_cap - out_pos[0] < _room_needed(&h):
+            return ST_OUTPUT_FULL
+        # Never lose the round's last offset, so the log end offset stays recoverable.
+        mode = RETAIN_EMPTY if h.last_offset + 1 == fc.upper_bound else DELETE_EMPTY
+        st = _filter_batch(m, fc, &h, b + pos[0], b, pos[0] + V2_HEADER_C, pos[0] + h.size,
+                           mode, False, False, out, out_pos, &rebuilt)
+        if st != ST_OK:
+            return st
+        pos[0] += h.size
+
+
+FILTER_DONE = 0
+FILTER_NEED_PYTHON = 1
+FILTER_OUTPUT_FULL = 2
+
+
+@cython.final
+cdef class BatchFilter:
+    """The cleaner's per-round filter (REF §6.8) over one offset map.
+
+    ``run`` handles runs of plain batches without the GIL; batches with producer ids, control
+    batches, compressed and legacy batches come back to the caller, which decides their
+    retention mode (transactions, active producers) and calls ``filter_one``. Rebuilt batches
+    are left with CRC 0: the caller fills CRCs with ``finish_crcs``.
+    """
+    cdef FilterCore fc
+    cdef OffsetMap omap
+
+    def __cinit__(self, OffsetMap omap, int64_t now, int64_t delete_retention_ms,
+                  int64_t upper_bound):
+        memset(&self.fc, 0, sizeof(FilterCore))
+        self.omap = omap
+        self.fc.now = now
+        self.fc.new_horizon = now + delete_retention_ms if delete_retention_ms < INT64_MAX_C - now \
+            else INT64_MAX_C
+        self.fc.upper_bound = upper_bound
+        self.fc.strategy = omap.m.strategy
+        self.fc.max_offset = -1
+
+    def __dealloc__(self):
+        free(self.fc.keep)
+
+    @property
+    def stats(self) -> dict:
+        """messages/bytes read and written, invalid (keyless) records, max offset written."""
+        return {"messages_read": self.fc.messages_read, "bytes_read": self.fc.bytes_read,
+                "messages_written": self.fc.messages_written,
+                "bytes_written": self.fc.bytes_written, "invalid": self.fc.invalid,
+                "max_offset": self.fc.max_offset, "rebuilt": self.fc.rebuilt}
+
+    def reset_max_offset(self):
+        self.fc.max_offset = -1
+
+    def run(self, buf, Py_ssize_t start, Py_ssize_t end, bytearray out, Py_ssize_t out_pos,
+            file=None):
+        """Filter plain batches of ``buf[start:end]`` into ``out`` from ``out_pos``.
+
+        Returns ``(code, position, out_pos)``: FILTER_DONE at ``end`` (or at an incomplete
+        batch before it), FILTER_NEED_PYTHON at a
+        batch for ``filter_one``, FILTER_OUTPUT_FULL when ``out`` needs draining or growing.
+        """
+        cdef const uint8_t[::1] view = buf
+        cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
+        cdef uint8_t[::1] ov = out
+        cdef Py_ssize_t pos = start, op = out_pos
+        cdef int st
+        if op < 0 or op > ov.shape[0]:
+            raise ValueError("out_pos outside the output buffer")
+        with nogil:
+            st = _filter_run(&self.omap.m, &self.fc, _ptr(view), &pos, e, &ov[0], &op,
+                             ov.shape[0])
+        if st == ST_END:
+            return (FILTER_DONE, pos, op)
+        if st == ST_NEED_PYTHON:
+            return (FILTER_NEED_PYTHON, pos, op)
+        if st == ST_OUTPUT_FULL:
+            return (FILTER_OUTPUT_FULL, pos, op)
+        _raise_status(st, pos, file)
+
+    @staticmethod
+    def room_needed(buf, Py_ssize_t pos) -> int:
+        """Output bytes the batch at ``pos`` may need when rebuilt."""
+        cdef const uint8_t[::1] view = buf
+        cdef BatchHeader h
+        if scan_one(_ptr(view), pos, view.shape[0], &h) != ST_OK:
+            raise ValueError(f"no complete batch at position {pos}")
+        return _room_needed(&h)
+
+    def filter_one(self, buf, Py_ssize_t pos, int mode, bint discard_records,
+                   bint marker_for_empty_txn, bytearray out, Py_ssize_t out_pos, payload=None,
+                   file=None):
+        """Decide and write the magic-2 batch at ``buf[pos]`` (records from ``payload`` when
+        the batch is compressed). Returns ``(out_pos, rebuilt)``; a rebuilt batch is written
+        uncompressed with CRC 0 (the caller compresses it with its codec and sets the CRC)."""
+        cdef const uint8_t[::1] view = buf
+        cdef BatchHeader h
+        cdef int st = scan_one(_ptr(view), pos, view.shape[0], &h)
+        _raise_status(st, pos, file)
+        if st != ST_OK or h.magic < 2:
+            raise ValueError(f"no complete magic-2 batch at position {pos}")
+        if out_pos < 0 or out.__len__() - out_pos < _room_needed(&h):
+            raise ValueError("output buffer has no room for the batch")
+        cdef uint8_t[::1] ov = out
+        cdef const uint8_t[::1] pv
+        cdef const uint8_t* rb
+        cdef Py_ssize_t rstart, rend
+        if (h.attributes & ATTR_CODEC) != 0:
+            if payload is None:
+                raise ValueError("a compressed batch needs its decompressed records")
+            pv = payload
+            rb = _ptr(pv)
+            rstart = 0
+            rend = pv.shape[0]
+        else:
+            rb = _ptr(view)
+            rstart = pos + V2_HEADER_C
+            rend = pos + h.size
+        cdef Py_ssize_t op = out_pos
+        cdef bint rebuilt
+        with nogil:
+            st = _filter_batch(&self.omap.m, &self.fc, &h, _ptr(view) + pos, rb, rstart, rend,
+                               mode, discard_records, marker_for_empty_txn, &ov[0], &op,
+                               &rebuilt)
+        _raise_status(st, pos, file)
+        return (op, bool(rebuilt))
+
+    def count_legacy(self, int64_t messages, int64_t size, int64_t written_messages,
+                     int64_t written_bytes, int64_t max_offset, int64_t invalid):
+        """Account for a legacy (magic 0/1) batch the caller filtered in Python."""
+        self.fc.messages_read += messages
+        self.fc.bytes_read += size
+        self.fc.messages_written += written_messages
+        self.fc.bytes_written += written_bytes
+        self.fc.invalid += invalid
+        if max_offset > self.fc.max_offset:
+            self.fc.max_offset = max_offset
+
+
+def finish_crcs(bytearray out, Py_ssize_t start, Py_ssize_t end):
+    """Compute the CRC of every v2 batch in ``out[start:end]`` whose CRC field is 0."""
+    cdef uint8_t[::1] ov = out
+    cdef BatchHeader h
+    cdef Py_ssize_t pos = start
+    mv = memoryview(out)
+    while pos < end:
+        if scan_one(&ov[0], pos, end, &h) != ST_OK:
+            raise ValueError(f"no complete batch at position {pos}")
+        if h.magic == 2 and h.crc == 0:
+            wr_u32(&ov[pos + 17], _crc32c_pkg(mv[pos + 21:pos + h.size]))
+        pos += h.size
+
+
+def compress_batch_at(bytearray out, Py_ssize_t pos, Py_ssize_t size, int codec):
+    """The uncompressed v2 batch at ``out[pos:pos+size]`` with its records compressed by
+    ``codec`` at its default level, attributes and CRC updated: a new bytearray."""
+    if pos < 0 or size < V2_HEADER_C or pos + size > len(out):
+        raise ValueError("no batch at that range of the buffer")
+    return _compress_batch(out, pos, size, codec, None)

@@ -1,0 +1,472 @@
+"""Cleaner (REF §6.4–§6.11): one cleaning round of one log.
+
+``Cleaner.clean`` builds the offset map over the dirty section, groups the segments up to the
+map's end, filters every group into a ``.cleaned`` segment with the compiled kernel
+(``_core.BatchFilter``), and swaps it in with the crash-safe protocol of REF §2.2. Plain batches
+are filtered without the GIL; batches with producer ids, control batches, compressed and legacy
+batches come back here one at a time, where transactions and active producers decide their
+retention mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from .. import _core
+from ..compression import decompress
+from ..errors import CleaningAbortedError, CorruptRecordError
+from ..records import ControlRecordType
+from ..segment import CLEANED_SUFFIX, LogSegment, segment_paths
+from .manager import LogToClean, segments_in_range
+from .stats import CleanerStats
+from .transactions import CleanedTransactionMetadata
+
+log = logging.getLogger("segstore.cleaner")
+
+INT_MAX = 2 ** 31 - 1
+ATTR_CODEC = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+ATTR_DELETE_HORIZON = 0x40
+MIN_CHUNK = 4 << 20   # below this, per-chunk Python costs more than the I/O buffer saves
+
+
+def group_segments_by_size(segments, max_size: int, max_index_size: int,
+                           first_uncleanable_offset: int) -> list:
+    """Kafka's groupSegmentsBySize (REF §6.6): consecutive segments whose log bytes and index
+    bytes fit one segment and whose offsets fit 2^31-1 of the group's base (empty segments
+    always merge)."""
+    segs = list(segments)
+    groups = []
+    while segs:
+        group = [segs.pop(0)]
+        log_size = group[0].size
+        index_size = _offset_index_bytes(group[0])
+        time_index_size = _time_index_bytes(group[0])
+        while segs:
+            nxt = segs[0]
+            last = (segs[1].base_offset - 1) if len(segs) > 1 else first_uncleanable_offset - 1
+            if not (log_size + nxt.size <= max_size
+                    and index_size + _offset_index_bytes(nxt) <= max_index_size
+                    and time_index_size + _time_index_bytes(nxt) <= max_index_size
+                    and (nxt.size == 0 or last - group[0].base_offset <= INT_MAX)):
+                break
+            group.append(segs.pop(0))
+            log_size += nxt.size
+            index_size += _offset_index_bytes(nxt)
+            time_index_size += _time_index_bytes(nxt)
+        groups.append(group)
+    return groups
+
+
+def _offset_index_bytes(seg) -> int:
+    return seg.offset_index.entries * 8
+
+
+def _time_index_bytes(seg) -> int:
+    return seg.time_index.entries * 12
+
+
+def collect_aborted(lg, segments, start: int, end: int) -> list:
+    """Aborted transactions (``.txnindex`` entries) of ``segments`` overlapping [start, end)."""
+    out = []
+    for seg in segments:
+        fn = getattr(seg, "collect_aborted", None)
+        if fn is not None:
+            out.extend(fn(start, end))
+    return out
+
+
+def _aborted_array(txns) -> np.ndarray:
+    return np.array([(t.producer_id, t.first_offset, t.last_offset) for t in txns],
+                    dtype=np.int64).reshape(-1, 3)
+
+
+def _release(mm, start: int, end: int) -> None:
+    # Pages of a mapped segment that a round is done with leave this process's memory (the
+    # page cache keeps them): a round's footprint stays at the map plus one chunk.
+    if not hasattr(mm, "madvise"):
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    lo = start - start % page
+    if end > lo:
+        try:
+            mm.madvise(_MADV_DONTNEED, lo, end - lo)
+        except (OSError, ValueError):
+            pass
+
+
+try:
+    import mmap as _mmap
+    _MADV_DONTNEED = _mmap.MADV_DONTNEED
+except AttributeError:  # platforms without madvise
+    _MADV_DONTNEED = 4
+
+
+class Cleaner:
+    """One cleaner thread's worker: its offset map and I/O chunk size (REF §6.2, §6.11).
+
+    ``check_done(tp)`` raises CleaningAbortedError when the round must stop (abort,
+    shutdown); ``throttler.maybe_throttle(n)`` is shared by all threads.
+    """
+
+    def __init__(self, thread_id: int, offset_map: "_core.OffsetMap", io_buffer_size: int,
+                 throttler, clock: Callable[[], int],
+                 check_done: Optional[Callable] = None):
+        self.thread_id = thread_id
+        self.offset_map = offset_map
+        self.chunk_size = max(int(io_buffer_size), MIN_CHUNK)
+        self.throttler = throttler
+        self.clock = clock
+        self.check_done = check_done or (lambda tp: None)
+        self._out = bytearray(self.chunk_size + (self.chunk_size >> 3))
+
+    # -- a round ----------------------------------------------------------------------------
+    def clean(self, ltc: LogToClean, now: Optional[int] = None) -> tuple:
+        """One round over ``ltc.log`` (REF §6.4): returns (next first dirty offset, stats)."""
+        lg = ltc.log
+        tp = lg.topic_partition
+        now = self.clock() if now is None else now
+        truncations = lg.truncations
+        segs = lg.segments
+        first_dirty = ltc.first_dirty_offset
+        upper = ltc.first_uncleanable_offset
+        clean_section = [s for s in segments_in_range(segs, 0, first_dirty)
+                         if s.base_offset < first_dirty]
+        legacy_horizon = (clean_section[-1].last_modified_ms - lg.config.delete_retention_ms
+                          if clean_section else 0)
+        stats = CleanerStats(topic=tp.topic, partition=tp.partition, thread_id=self.thread_id,
+                             first_dirty_offset=first_dirty, start_time=_wall_ms(),
+                             forced=ltc.forced)
+        log.info("Beginning cleaning of log %s", _name(lg))
+        log.info("Building offset map for %s...", _name(lg))
+        self.build_offset_map(lg, first_dirty, upper, stats)
+        end_offset = self.offset_map.latest_offset + 1
+        stats.map_complete_time = _wall_ms()
+        stats.end_offset = end_offset
+        log.info("Offset map for log %s complete.", _name(lg))
+        log.info("Cleaning log %s (cleaning prior to %s, discarding tombstones prior to upper "
+                 "bound deletion horizon %s)...", _name(lg), end_offset, legacy_horizon)
+        txn = CleanedTransactionMetadata()
+        groups = group_segments_by_size(segments_in_range(lg.segments, 0, end_offset),
+                                        lg.config.segment_bytes, lg.config.segment_index_bytes,
+                                        upper)
+        filt = _core.BatchFilter(self.offset_map, now, lg.config.delete_retention_ms, upper)
+        for group in groups:
+            self.clean_segments(lg, group, filt, txn, now, legacy_horizon, upper, truncations,
+                                stats)
+        f = filt.stats
+        stats.bytes_read = f["bytes_read"]
+        stats.bytes_written = f["bytes_written"]
+        stats.messages_read = f["messages_read"]
+        stats.messages_written = f["messages_written"]
+        stats.invalid_messages_read = f["invalid"]
+        stats.buffer_utilization = self.offset_map.utilization
+        stats.end_time = _wall_ms()
+        return end_offset, stats
+
+    # -- the offset map (REF §6.5) --------------------------------------------------------
+    def build_offset_map(self, lg, start: int, end: int, stats: CleanerStats) -> None:
+        """Map keys of [start, end) to their latest offsets, stopping when the map is full."""
+        omap = self.offset_map
+        omap.clear()
+        tp = lg.topic_partition
+        dirty = segments_in_range(lg.segments, start, end)
+        aborted = _aborted_array(collect_aborted(lg, dirty, start, end))
+        full = False
+        for i, seg in enumerate(dirty):
+            self.check_done(tp)
+            nxt = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
+            full = self._map_segment(seg, start, aborted, stats)
+            if full:
+                stats.map_full = True
+                break
+            omap.update_latest_offset(nxt - 1)
+        if full:
+            stats.wanted_buffer_bytes = self._wanted_buffer(lg, dirty, start, end)
+            log.info("Offset map of %s filled up at offset %d: a dedupe buffer of %d bytes "
+                     "(log.cleaner.dedupe.buffer.size, per thread) would have covered the whole "
+                     "dirty section [%d, %d)", _name(lg), omap.latest_offset,
+                     stats.wanted_buffer_bytes, start, end)
+        if omap.strategy != "offset":
+            # A strategy compares values, not offsets: an already-clean record can still beat
+            # a dirty one, so the clean section updates (never adds) the mapped keys.
+            for seg in segments_in_range(lg.segments, 0, start):
+                if seg.base_offset >= start:
+                    break
+                self._map_segment(seg, -1, aborted, stats, update_only=True, end_offset=start)
+        log.info("Building offset map for log %s for %d segments in offset range [%d, %d).",
+                 _name(lg), len(dirty), start, end)
+
+    def _map_segment(self, seg, start: int, aborted, stats: CleanerStats, *,
+                     update_only: bool = False, end_offset: Optional[int] = None) -> bool:
+        size = seg.size
+        if size == 0:
+            return False
+        mm = seg.buffer(size)
+        pos = seg.offset_index.lookup(start)[1] if start > seg.base_offset else 0
+        pos = min(pos, size)
+        while pos < size:
+            end = min(pos + self.chunk_size, size)
+            full, stop, msgs, nbytes = _core.build_offset_map(
+                self.offset_map, mm, pos, end, start, aborted, update_only=update_only,
+                end_offset=end_offset, file=seg.log_path)
+            stats.map_messages_read += msgs
+            stats.map_bytes_read += nbytes
+            self.throttler.maybe_throttle(nbytes)
+            if full:
+                _release(mm, pos, stop)
+                return True
+            if stop == pos:
+                stop = self._next_batch_end(seg, mm, pos, size)
+                full, stop2, msgs, nbytes = _core.build_offset_map(
+                    self.offset_map, mm, pos, stop, start, aborted, update_only=update_only,
+                    end_offset=end_offset, file=seg.log_path)
+                stats.map_messages_read += msgs
+                stats.map_bytes_read += nbytes
+                if full:
+                    return True
+                stop = stop2
+            _release(mm, pos, stop)
+            pos = stop
+        return False
+
+    def _wanted_buffer(self, lg, dirty, start: int, end: int) -> int:
+        """Bytes of dedupe buffer that would hold every distinct key of [start, end) at the
+        load factor: the sizing advice logged when a round stops on a full map."""
+        keys = set()
+        for seg in dirty:
+            if seg.size == 0:
+                continue
+            cols = _core.decode_columns(seg.buffer(seg.size), 0, seg.size, min_offset=start,
+                                        end_offset=end, validate_crc=False)
+            k = cols.keys
+            data, offs, valid = k.data, k.offsets, k.valid
+            for i in np.flatnonzero(valid):
+                keys.add(_core.murmur3_128(data[offs[i]:offs[i + 1]]))
+        per_key = self.offset_map.bytes_per_entry
+        return int(np.ceil(len(keys) / self.offset_map.load_factor)) * per_key + per_key
+
+    @staticmethod
+    def _next_batch_end(seg, mm, pos: int, size: int) -> int:
+        # A chunk without one complete batch: the next batch is larger than the chunk. Its
+        # declared size may run past the segment only if the segment is corrupt (KAFKA-6834).
+        if size - pos < 12:
+            raise CorruptRecordError("segment ends inside a batch header; segment may be corrupt",
+                                     file=seg.log_path, position=pos)
+        declared = int.from_bytes(mm[pos + 8:pos + 12], "big", signed=True) + 12
+        if declared <= 12 or pos + declared > size:
+            raise CorruptRecordError(
+                f"batch declares {declared} bytes but only {size - pos} remain in the segment; "
+                f"segment may be corrupt", file=seg.log_path, position=pos)
+        log.info("Growing cleaner I/O buffers from %d bytes to %d bytes.", size - pos,
+                 declared)
+        return pos + declared
+
+    # -- filtering a group into one cleaned segment (REF §6.7) ----------------------------
+    def clean_segments(self, lg, group, filt, txn, now: int, legacy_horizon: int, upper: int,
+                       truncations: int, stats: CleanerStats) -> None:
+        """Filter ``group`` into ``<base>.log.cleaned`` and swap it in for the group."""
+        tp = lg.topic_partition
+        base = group[0].base_offset
+        for path in segment_paths(lg.directory, base, CLEANED_SUFFIX).values():
+            if os.path.exists(path):
+                os.remove(path)
+        cleaned = LogSegment(lg.directory, base, lg.config, lg.clock, suffix=CLEANED_SUFFIX,
+                             preallocate=lg.config.preallocate)
+        txn_index = getattr(cleaned, "txn_index", None)
+        txn.txn_index_sink = txn_index.append if txn_index is not None else None
+        producers_fn = getattr(lg, "active_producers", None)
+        producers = producers_fn() if producers_fn is not None else {}
+        try:
+            for i, seg in enumerate(group):
+                nxt = group[i + 1].base_offset if i + 1 < len(group) else seg.read_next_offset()
+                txn.add_aborted_transactions(collect_aborted(lg, [seg], seg.base_offset, nxt))
+                retain_legacy = seg.last_modified_ms > legacy_horizon
+                log.info("Cleaning %s in log %s into %d with an upper bound deletion horizon %d "
+                         "computed from the segment last modified time of %d,%s deletes.",
+                         os.path.basename(seg.log_path), _name(lg), base, legacy_horizon,
+                         seg.last_modified_ms, "retaining" if retain_legacy else "discarding")
+                self._clean_into(lg, seg, cleaned, filt, txn, producers, retain_legacy, now,
+                                 upper)
+            cleaned.on_become_inactive()
+            cleaned.flush()
+            mtime = group[-1].last_modified_ms / 1000.0
+            for path in segment_paths(lg.directory, base, CLEANED_SUFFIX).values():
+                if os.path.exists(path):
+                    os.utime(path, (mtime, mtime))
+            self.check_done(tp)
+            log.info("Swapping in cleaned segment %s for segment(s) %s in log %s",
+                     os.path.basename(cleaned.log_path),
+                     ",".join(os.path.basename(s.log_path) for s in group), _name(lg))
+            lg.replace_segments([cleaned], group, expected_truncations=truncations)
+            stats.segments_cleaned += len(group)
+            stats.segments_written += 1
+        except BaseException:
+            cleaned.close()
+            cleaned.delete_files()
+            raise
+
+    def _clean_into(self, lg, source, dest, filt, txn, producers: dict, retain_legacy: bool,
+                    now: int, upper: int) -> None:
+        """Filter every batch of ``source`` into ``dest`` chunk by chunk (REF §6.8)."""
+        tp = lg.topic_partition
+        size = source.size
+        if size == 0:
+            return
+        mm = source.buffer(size)
+        out = self._out
+        pos = 0
+        while pos < size:
+            self.check_done(tp)
+            end = min(pos + self.chunk_size, size)
+            # Every batch's CRC is checked before any of its bytes is trusted or copied.
+            sr = _core.scan_batches(mm, pos, end, validate_crc=True, file=source.log_path)
+            if len(sr.batches) == 0:
+                end = self._next_batch_end(source, mm, pos, size)
+                sr = _core.scan_batches(mm, pos, end, validate_crc=True, file=source.log_path)
+            end = sr.valid_end
+            self.throttler.maybe_throttle(end - pos)
+            op = 0
+            p = pos
+            while p < end:
+                code, p, op = filt.run(mm, p, end, out, op, file=source.log_path)
+                if code == _core.FILTER_OUTPUT_FULL:
+                    if op:
+                        self._append(dest, out, op)
+                        op = 0
+                    need = _core.BatchFilter.room_needed(mm, p)
+                    if len(out) < need:
+                        out = self._out = bytearray(need)
+                elif code == _core.FILTER_NEED_PYTHON:
+                    need = _core.BatchFilter.room_needed(mm, p)
+                    if len(out) - op < need:
+                        if op:
+                            self._append(dest, out, op)
+                            op = 0
+                        if len(out) < need:
+                            out = self._out = bytearray(need)
+                    op, p = self._filter_special(lg, source, mm, p, filt, txn, producers,
+                                                 retain_legacy, now, upper, out, op)
+                    out = self._out
+            if op:
+                self._append(dest, out, op)
+            _release(mm, pos, end)
+            pos = end
+
+    def _append(self, dest, out: bytearray, n: int) -> None:
+        _core.finish_crcs(out, 0, n)
+        data = memoryview(out)[:n]
+        batches = _core.scan_batches(data).batches
+        dest.append(data, batches)
+        self.throttler.maybe_throttle(n)
+
+    def _filter_special(self, lg, source, mm, p: int, filt, txn, producers: dict,
+                        retain_legacy: bool, now: int, upper: int, out: bytearray, op: int):
+        """One batch that needs policy: producer ids, transactions, control, codecs, legacy."""
+        h = _core.scan_batches(mm, p, max_batches=1, file=source.log_path).batches[0]
+        size = int(h["size"])
+        if h["magic"] < 2:
+            return self._filter_legacy(source, mm, p, size, filt, retain_legacy, out, op), \
+                p + size
+        attrs = int(h["attributes"])
+        pid = int(h["producer_id"])
+        last_offset = int(h["last_offset"])
+        control = bool(attrs & ATTR_CONTROL)
+        if control:
+            ctype = None
+            if h["records_count"] > 0:
+                recs = _core.decode_records(mm, p, p + size, include_control=True,
+                                            file=source.log_path)
+                key = recs[0].key if recs else None
+                ctype = (int.from_bytes(key[2:4], "big", signed=True)
+                         if key is not None and len(key) >= 4 else ControlRecordType.UNKNOWN)
+            can_discard = txn.on_control_batch_read(pid, last_offset, ctype)
+            has_horizon = bool(attrs & ATTR_DELETE_HORIZON)
+            discard_records = can_discard and has_horizon and int(h["base_timestamp"]) <= now
+        else:
+            can_discard = txn.on_batch_read(pid, last_offset, bool(attrs & ATTR_TRANSACTIONAL))
+            discard_records = can_discard
+        last_of_producer = False
+        if pid >= 0 and pid in producers:
+            last_data_offset, epoch = producers[pid]
+            if last_data_offset is not None and last_data_offset >= 0:
+                last_of_producer = last_data_offset == last_offset
+            else:
+                last_of_producer = control and epoch == int(h["producer_epoch"])
+        if pid >= 0 and last_of_producer:
+            mode = 0      # RETAIN_EMPTY: a live producer's last sequence must survive
+        elif last_offset + 1 == upper:
+            mode = 0      # RETAIN_EMPTY: keep the round's last offset
+        elif discard_records:
+            mode = 1      # DELETE
+        else:
+            mode = 2      # DELETE_EMPTY
+        codec = attrs & ATTR_CODEC
+        payload = None
+        if codec and mode != 1:
+            try:
+                payload = decompress(codec, memoryview(mm)[p + 61:p + size])
+            except CorruptRecordError as e:
+                raise CorruptRecordError(e.reason, file=source.log_path, position=p) from None
+        start = op
+        op, rebuilt = filt.filter_one(mm, p, mode, discard_records, can_discard and control,
+                                      out, op, payload, file=source.log_path)
+        if rebuilt and codec and op - start > 61:
+            batch = _core.compress_batch_at(out, start, op - start, codec)
+            out[start:op] = batch
+            op = start + len(batch)
+            if len(out) < len(self._out):
+                out.extend(bytes(len(self._out) - len(out)))
+        return op, p + size
+
+    def _filter_legacy(self, source, mm, p: int, size: int, filt, retain_legacy: bool,
+                       out: bytearray, op: int) -> int:
+        # Magic 0/1 batches (a Kafka broker's old data) are rare: filtered in Python; kept
+        # records are rewritten as one v2 batch (segstore writes no legacy formats).
+        omap = self.offset_map
+        recs = _core.decode_records(mm, p, p + size, validate_crc=True, file=source.log_path)
+        latest = omap.latest_offset
+        kept, invalid = [], 0
+        for r in recs:
+            if r.offset > latest:
+                kept.append(r)
+            elif r.key is None:
+                invalid += 1
+            elif r.offset >= omap.get(r.key) and (r.value is not None or retain_legacy):
+                kept.append(r)
+        written = 0
+        if kept and len(kept) == len(recs):
+            data = bytes(mm[p:p + size])
+        elif kept:
+            first = kept[0].offset
+            data = _core.encode_batch(
+                [r.value for r in kept], [r.key for r in kept],
+                timestamps_ms=[r.timestamp for r in kept], base_offset=first,
+                offset_deltas=[r.offset - first for r in kept],
+                compression=int(mm[p + 17]) & ATTR_CODEC if mm[p + 16] == 1 else
+                int(mm[p + 17]) & ATTR_CODEC)
+        else:
+            data = b""
+        if data:
+            if len(out) - op < len(data):
+                out.extend(bytes(len(data)))
+            out[op:op + len(data)] = data
+            written = len(data)
+        filt.count_legacy(len(recs), size, len(kept), written,
+                          kept[-1].offset if kept else -1, invalid)
+        return op + written
+
+
+def _wall_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _name(lg) -> str:
+    return f"{lg.topic}-{lg.partition}"
