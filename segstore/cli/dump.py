@@ -6,10 +6,11 @@ Kafka's flags, Kafka's line formats and field order (ECO §6.1), over ``.log``, 
 line) and ``--fail-on-error`` (exit 1 on CRC, index, offset-order or trailing-byte problems: Kafka
 always exits 0). A directory in ``--files`` stands for its ``.log`` files.
 
-Differences from Kafka, each deliberate: an offset-index entry is a mismatch only when the batch
-at its position does not hold its offset (Kafka's tool also flags an entry that names a non-last
-offset of its batch, which Kafka's own multi-batch appends write); corrupt data ends that file's
-dump with a message instead of a stack trace; producer snapshots are not dumped.
+Producer snapshots (``.snapshot``) are dumped too. Differences from Kafka, each deliberate: an
+offset-index entry is a mismatch only when the batch at its position does not hold its offset
+(Kafka's tool also flags an entry that names a non-last offset of its batch, which Kafka's own
+multi-batch appends write); corrupt data ends that file's dump with a message instead of a stack
+trace.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ _CONTROL_TYPES = {0: "ABORT", 1: "COMMIT", 2: "LEADER_CHANGE", 3: "SNAPSHOT_HEAD
                   4: "SNAPSHOT_FOOTER", 5: "KRAFT_VERSION", 6: "KRAFT_VOTERS"}
 _INT32_MAX = 0x7FFFFFFF
 _TXN_ENTRY = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, LSO (34 B)
+# Producer snapshot (REF §2.5): version, CRC-32C of the bytes after byte 6, entry count; then per
+# producer: id, epoch, last sequence, last offset, offset delta, timestamp, coordinator epoch,
+# current transaction's first offset (46 B).
+_SNAPSHOT_HEADER = struct.Struct(">hIi")
+_SNAPSHOT_ENTRY = struct.Struct(">qhiqiqiq")
 _SCAN_CHUNK = 4096  # batches per scan call: bounded memory on multi-GB segments
 
 
@@ -78,7 +84,8 @@ def register(subparsers) -> None:
                     "the exit status is 0 unless --fail-on-error is given.")
     p.add_argument("--files", required=True, metavar="FILE1,FILE2,...",
                    type=lambda s: [f for f in s.split(",") if f],
-                   help="REQUIRED: comma-separated files to dump; a directory means its .log files")
+                   help="REQUIRED: comma-separated .log, .index, .timeindex, .txnindex and "
+                        ".snapshot files to dump; a directory means its .log files")
     p.add_argument("--print-data-log", action="store_true",
                    help="print record keys and payloads (implied by a decoder option)")
     p.add_argument("--deep-iteration", action="store_true",
@@ -264,19 +271,15 @@ def _dump_file(path: str, opts: _Options, findings: _Findings, bar) -> None:
     name = os.path.basename(path)
     suffix = name[name.rfind("."):] if "." in name else ""
     kind = {".log": "log", ".index": "index", ".timeindex": "timeindex",
-            ".txnindex": "txnindex"}.get(suffix)
+            ".txnindex": "txnindex", ".snapshot": "snapshot"}.get(suffix)
     if opts.json:
         print_json({"type": "file", "file": path, "kind": kind})
     else:
         print(f"Dumping {path}")
     if kind is None:
-        if suffix == ".snapshot":
-            msg = f"Ignoring {path}: segstore does not dump producer snapshots"
-        else:
-            msg = f"Ignoring unknown file {path}"
-        print(msg, file=sys.stderr)
+        print(f"Ignoring unknown file {path}", file=sys.stderr)
         return
-    if kind != "txnindex" and _base_offset(path) is None:
+    if kind not in ("txnindex", "snapshot") and _base_offset(path) is None:
         findings.add(findings.problems, path,
                      "the file name does not start with a base offset (20 digits)")
         return
@@ -286,6 +289,8 @@ def _dump_file(path: str, opts: _Options, findings: _Findings, bar) -> None:
         _dump_index(path, opts, findings)
     elif kind == "timeindex":
         _dump_time_index(path, opts, findings)
+    elif kind == "snapshot":
+        _dump_snapshot(path, opts, findings)
     else:
         _dump_txn_index(path, opts, findings)
 
@@ -714,6 +719,58 @@ def _dump_txn_index(path: str, opts: _Options, findings: _Findings) -> None:
     if extra:
         findings.add(findings.problems, path,
                      f"{extra} bytes after the last whole 34-byte entry")
+
+
+# -- .snapshot (producer state) --------------------------------------------------------------
+
+def _decrement_sequence(seq: int, dec: int) -> int:
+    # Kafka's DefaultRecordBatch.decrementSequence, the inverse of _increment_sequence.
+    if seq < dec:
+        return _INT32_MAX - (dec - seq) + 1
+    return seq - dec
+
+
+def _dump_snapshot(path: str, opts: _Options, findings: _Findings) -> None:
+    data = _read(path)
+    problem = None
+    if len(data) < _SNAPSHOT_HEADER.size:
+        problem = f"Snapshot failed schema validation: {len(data)} bytes is too short"
+    else:
+        version, crc, count = _SNAPSHOT_HEADER.unpack_from(data, 0)
+        computed = _core.crc32c(data[6:])
+        if version != 1:
+            problem = f"Snapshot contained an unknown file version {version}"
+        elif crc != computed:
+            problem = (f"Snapshot is corrupt (CRC is no longer valid). Stored crc: {crc}. "
+                       f"Computed crc: {computed}")
+        elif count < 0 or len(data) != _SNAPSHOT_HEADER.size + count * _SNAPSHOT_ENTRY.size:
+            problem = f"Snapshot failed schema validation: {count} entries in {len(data)} bytes"
+    if problem is not None:
+        # Kafka prints the CorruptSnapshotException's message on stderr and carries on.
+        print(problem, file=sys.stderr)
+        findings.add(findings.problems, path, problem)
+        return
+    for i in range(count):
+        pid, epoch, last_seq, last_offset, delta, ts, coord, txn_first = \
+            _SNAPSHOT_ENTRY.unpack_from(data, _SNAPSHOT_HEADER.size + i * _SNAPSHOT_ENTRY.size)
+        entry = {"producerId": pid, "producerEpoch": epoch, "coordinatorEpoch": coord,
+                 "currentTxnFirstOffset": txn_first if txn_first >= 0 else None,
+                 "lastTimestamp": ts}
+        if last_offset >= 0:  # a producer known only from a marker has no batch metadata
+            entry.update(firstSequence=_decrement_sequence(last_seq, delta),
+                         lastSequence=last_seq, lastOffset=last_offset, offsetDelta=delta,
+                         timestamp=ts)
+        if opts.json:
+            print_json({"type": "producer_snapshot_entry", **entry})
+            continue
+        first = ("OptionalLong.empty" if entry["currentTxnFirstOffset"] is None
+                 else f"OptionalLong[{txn_first}]")
+        line = (f"producerId: {pid} producerEpoch: {epoch} coordinatorEpoch: {coord} "
+                f"currentTxnFirstOffset: {first} lastTimestamp: {ts} ")
+        if last_offset >= 0:
+            line += (f"firstSequence: {entry['firstSequence']} lastSequence: {last_seq} "
+                     f"lastOffset: {last_offset} offsetDelta: {delta} timestamp: {ts}")
+        print(line)
 
 
 def _json_findings(f: _Findings) -> None:
