@@ -1,0 +1,21 @@
+"""segstore for PySpark: the ``segstore`` data source and distributed compaction.
+
+``spark.read.format("segstore")`` works without any call here once segstore is installed (Spark
+finds ``pyspark_segstore.DefaultSource``); :func:`register` registers the source explicitly,
+e.g. on a session that looked up data sources before segstore was installed. Rows follow Spark's
+Kafka source schema and options; writes are exactly-once (see ``docs/spark.md``).
+"""
+
+from __future__ import annotations
+
+from .compact import compact
+from .offsets import DataLossError
+from .options import InvalidOptionError
+from .source import SegstoreDataSource
+
+__all__ = ["SegstoreDataSource", "register", "compact", "DataLossError", "InvalidOptionError"]
+
+
+def register(spark) -> None:
+    """Register the ``segstore`` format with ``spark`` (a SparkSession)."""
+    spark.dataSource.register(SegstoreDataSource)

@@ -1,0 +1,234 @@
+"""Task-side encoding: Arrow rows of the sink's input into v2 record batches per partition.
+
+Each input ``RecordBatch`` is routed as Kafka's producer would route it: the ``partition``
+column when set, else murmur2 of the key (Kafka's default partitioner), else one sticky partition
+per batch for null keys. Rows are grouped by target with one stable sort and Arrow ``take``, then
+encoded in one compiled pass per group (``_core.encode_columns``; records with headers take
+``_core.encode_batch``). Base offsets stay 0: the driver's commit rewrites them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+
+from .. import _core
+from ..columns import BinaryColumn
+from ..errors import InvalidRecordError, RecordTooLargeError, UnknownTopicOrPartitionError
+
+RECORDS_PER_BATCH = 4096  # what PartitionLog.append_columns uses
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    """Where the sink's columns are in the input (names as the DataFrame spells them)."""
+
+    value: str
+    key: Optional[str] = None
+    headers: Optional[str] = None
+    topic: Optional[str] = None
+    partition: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """What encoding needs to know of a target topic."""
+
+    partitions: int
+    max_batch_bytes: int
+    max_message_bytes: int
+    codec: int
+
+
+def topic_info(store, topic: str) -> TopicInfo:
+    """A topic's partition count, batch size limit and codec, from a (read-only) store."""
+    if topic not in store.list_topics():
+        raise UnknownTopicOrPartitionError(
+            f"topic {topic!r} does not exist in {store.path}; create it first, e.g. "
+            f"segstore.open(path).create_topic({topic!r}, num_partitions=...)")
+    cfg = store.topic_config(topic)
+    ct = cfg.compression_type
+    codec = 0 if ct in ("producer", "uncompressed") else ct
+    from ..compression import codec_id
+
+    return TopicInfo(partitions=len(store.partitions_for(topic)),
+                     max_batch_bytes=min(cfg.max_message_bytes, cfg.segment_bytes),
+                     max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec))
+
+
+def binary_column(arr) -> BinaryColumn:
+    """A string/binary (or large_*) Arrow array as a BinaryColumn sharing its data buffer."""
+    import pyarrow as pa
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    t = arr.type
+    if pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+        off_type = np.int64
+    elif pa.types.is_binary(t) or pa.types.is_string(t):
+        off_type = np.int32
+    else:
+        raise InvalidRecordError(f"expected a string or binary column, got {t}")
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=off_type)[arr.offset:arr.offset + n + 1]
+    offsets = offsets.astype(np.int64)
+    data = (np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None and bufs[2].size
+            else np.empty(0, dtype=np.uint8))
+    if arr.null_count:
+        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    else:
+        valid = np.ones(n, dtype=np.bool_)
+    return BinaryColumn(data, offsets, valid)
+
+
+def _headers_lists(arr) -> list:
+    """Arrow ``list<struct<key,value>>`` cells as kafka-python style ``[(key, value)]`` lists."""
+    out = []
+    for cell in arr.to_pylist():
+        if cell is None:
+            out.append(None)
+            continue
+        pairs = []
+        for h in cell:
+            if h is None or h.get("key") is None:
+                raise InvalidRecordError("a header has a null key; Kafka header keys are "
+                                         "non-null strings")
+            value = h.get("value")
+            pairs.append((h["key"], value.encode("utf-8") if isinstance(value, str) else value))
+        out.append(pairs)
+    return out
+
+
+class BatchRouter:
+    """Routes and encodes input batches; ``info(topic)`` supplies each target's TopicInfo."""
+
+    def __init__(self, layout: InputLayout, topic_override: Optional[str],
+                 info: Callable[[str], TopicInfo], sticky_seed: int = 0):
+        self.layout = layout
+        self.topic_override = topic_override
+        self.info = info
+        self._sticky = sticky_seed
+
+    def _topics(self, batch, n: int):
+        """(list of topic names, int32 topic index per row)."""
+        import pyarrow.compute as pc
+
+        if self.topic_override is not None:
+            return [self.topic_override], np.zeros(n, dtype=np.int32)
+        col = batch.column(self.layout.topic)
+        if col.null_count:
+            raise InvalidRecordError(
+                "null topic present in the data; set the sink option 'topic' or give every "
+                "row a topic")
+        enc = pc.dictionary_encode(col)
+        return (enc.dictionary.to_pylist(),
+                enc.indices.to_numpy(zero_copy_only=False).astype(np.int32))
+
+    def _partitions(self, batch, topics: list, topic_idx: np.ndarray, keys) -> np.ndarray:
+        n = batch.num_rows
+        part = np.full(n, -1, dtype=np.int32)
+        given = None
+        if self.layout.partition is not None:
+            col = batch.column(self.layout.partition)
+            given = col.is_valid().to_numpy(zero_copy_only=False)
+            vals = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            part[given] = vals[given]
+        infos = [self.info(t) for t in topics]
+        counts = np.array([i.partitions for i in infos], dtype=np.int64)
+        if given is not None and given.any():
+            bad = given & ((vals < 0) | (vals >= counts[topic_idx]))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise UnknownTopicOrPartitionError(
+                    f"partition {int(vals[i])} does not exist in topic {topics[topic_idx[i]]!r}, "
+                    f"which has {int(counts[topic_idx[i]])} partitions")
+        todo = part < 0
+        if not todo.any():
+            return part
+        if keys is not None:
+            # Kafka's default partitioner: murmur2 of the key (one pass per partition count).
+            for count in np.unique(counts[topic_idx[todo]]):
+                hashed = _core.murmur2_partitions(keys, int(count))
+                rows = todo & (counts[topic_idx] == count)
+                part[rows] = hashed[rows]
+            todo = part < 0
+        if todo.any():
+            # Null keys: one sticky partition per input batch, moving on each batch.
+            self._sticky += 1
+            part[todo] = (self._sticky % counts[topic_idx[todo]]).astype(np.int32)
+        return part
+
+    def route(self, batch) -> Iterator[tuple]:
+        """Yield ``(topic, partition, encoded bytes, record count)`` for one input batch."""
+        import pyarrow as pa
+
+        n = batch.num_rows
+        if n == 0:
+            return
+        lay = self.layout
+        topics, topic_idx = self._topics(batch, n)
+        keys_arr = batch.column(lay.key) if lay.key is not None else None
+        keys = binary_column(keys_arr) if keys_arr is not None else None
+        part = self._partitions(batch, topics, topic_idx, keys)
+        values_arr = batch.column(lay.value)
+        headers_arr = batch.column(lay.headers) if lay.headers is not None else None
+        group = topic_idx.astype(np.int64) * (1 << 31) + part
+        now = int(time.time() * 1000)
+        if (group == group[0]).all():
+            runs = [(0, n)]
+        else:
+            order = np.argsort(group, kind="stable")
+            group = group[order]
+            idx = pa.array(order)
+            values_arr = values_arr.take(idx)
+            keys_arr = keys_arr.take(idx) if keys_arr is not None else None
+            headers_arr = headers_arr.take(idx) if headers_arr is not None else None
+            cuts = np.flatnonzero(np.diff(group)) + 1
+            edges = [0, *cuts.tolist(), n]
+            runs = list(zip(edges, edges[1:]))
+        for a, b in runs:
+            g = int(group[a])
+            topic, partition = topics[g >> 31], g & ((1 << 31) - 1)
+            info = self.info(topic)
+            vals = binary_column(values_arr.slice(a, b - a))
+            ks = binary_column(keys_arr.slice(a, b - a)) if keys_arr is not None else None
+            if headers_arr is None:
+                data = self._encode_columns(vals, ks, now, info, topic)
+            else:
+                data = self._encode_with_headers(vals, ks, headers_arr.slice(a, b - a), now, info)
+            yield topic, partition, data, b - a
+
+    @staticmethod
+    def _encode_columns(values, keys, now: int, info: TopicInfo, topic: str) -> bytes:
+        enc = _core.encode_columns(values, keys, now, records_per_batch=RECORDS_PER_BATCH,
+                                   max_batch_bytes=info.max_batch_bytes, compression=info.codec)
+        sizes = enc.batches["size"]
+        if len(sizes) and int(sizes.max()) > info.max_message_bytes:
+            raise RecordTooLargeError(
+                f"a record for topic {topic!r} encodes to a {int(sizes.max())}-byte batch, over "
+                f"its max.message.bytes={info.max_message_bytes}")
+        return enc.data
+
+    @staticmethod
+    def _encode_with_headers(values, keys, headers_arr, now: int, info: TopicInfo) -> bytes:
+        vals = values.to_pylist()
+        ks = keys.to_pylist() if keys is not None else [None] * len(vals)
+        hs = _headers_lists(headers_arr)
+        # Sizes bound each batch by max.message.bytes (headers included), like append_batch.
+        sizes = (values.lengths + (keys.lengths if keys is not None else 0) + 32).tolist()
+        out, start, acc = [], 0, 0
+        for i in range(len(vals) + 1):
+            if i < len(vals):
+                extra = sizes[i] + sum(len(k) + len(v or b"") + 8 for k, v in hs[i] or ())
+            if i == len(vals) or (i > start and (acc + extra > info.max_batch_bytes
+                                                 or i - start >= RECORDS_PER_BATCH)):
+                out.append(_core.encode_batch(vals[start:i], ks[start:i], hs[start:i], now,
+                                              compression=info.codec))
+                start, acc = i, 0
+            if i < len(vals):
+                acc += extra
+        return b"".join(out)

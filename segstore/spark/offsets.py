@@ -1,0 +1,235 @@
+"""Offset ranges: which partitions a query reads and from where to where (Kafka's rules).
+
+Everything here works on a store opened read-only on the driver side and returns plain data:
+``{TopicPartition: offset}`` maps, ``(TopicPartition, start, end)`` ranges (end exclusive) and
+the Kafka source's JSON offset shape ``{"topic": {"0": 42}}`` (string partition keys, because
+Spark's streaming runner round-trips offsets through JSON).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable, Optional
+
+from ..errors import SegstoreError, UnknownTopicOrPartitionError
+from ..records import TopicPartition
+from .options import InvalidOptionError, OffsetSpec, ReadOptions
+
+EARLIEST, LATEST = -2, -1
+
+_LOSS_HINT = ("Some data may have been lost because it is no longer in the store: retention "
+              "or DeleteRecords moved the log start offset, or the partition was truncated or "
+              "deleted. If you want the query to continue past such gaps, set the source option "
+              "'failOnDataLoss' to 'false'.")
+
+
+class DataLossError(SegstoreError):
+    """Offsets a query must read are gone (``failOnDataLoss=true``, Kafka's default)."""
+
+
+def data_loss(message: str) -> DataLossError:
+    """A DataLossError carrying Kafka's hint about ``failOnDataLoss``."""
+    return DataLossError(f"{message}. {_LOSS_HINT}")
+
+
+# -- partitions -----------------------------------------------------------------------------
+
+def select_partitions(store, opts: ReadOptions) -> list:
+    """The topic partitions ``subscribe`` / ``subscribePattern`` / ``assign`` name, sorted.
+
+    A batch read of a subscribed topic that does not exist is an error; a stream waits for it
+    (it is picked up from its earliest offset once created). A pattern matching nothing reads
+    nothing, as with Kafka.
+    """
+    topics = set(store.list_topics())
+    out = []
+    if opts.subscribe is not None:
+        missing = [t for t in opts.subscribe if t not in topics]
+        if missing and not opts.streaming:
+            raise UnknownTopicOrPartitionError(
+                f"option 'subscribe' names topics that do not exist in {store.path}: "
+                + ", ".join(missing))
+        for t in opts.subscribe:
+            if t in topics:
+                out.extend(TopicPartition(t, p) for p in store.partitions_for(t))
+    elif opts.subscribe_pattern is not None:
+        rx = re.compile(opts.subscribe_pattern)
+        for t in sorted(topics):
+            if rx.fullmatch(t):
+                out.extend(TopicPartition(t, p) for p in store.partitions_for(t))
+    else:
+        for t, parts in opts.assign.items():
+            if t not in topics:
+                raise UnknownTopicOrPartitionError(
+                    f"option 'assign' names topic {t!r}, which does not exist in {store.path}")
+            n = len(store.partitions_for(t))
+            bad = [p for p in parts if p >= n]
+            if bad:
+                raise UnknownTopicOrPartitionError(
+                    f"option 'assign' names partitions {bad} of topic {t!r}, which has {n}")
+            out.extend(TopicPartition(t, p) for p in parts)
+    return sorted(set(out))
+
+
+# -- offsets from options -------------------------------------------------------------------
+
+def _check_coverage(spec: OffsetSpec, tps: Iterable) -> None:
+    # Kafka's rule: specific offsets or timestamps must name exactly the selected partitions.
+    wanted = {(tp.topic, tp.partition) for tp in tps}
+    given = set(spec.values)
+    if given != wanted:
+        extra = sorted(given - wanted)
+        missing = sorted(wanted - given)
+        detail = []
+        if missing:
+            detail.append("missing " + ", ".join(f"{t}-{p}" for t, p in missing))
+        if extra:
+            detail.append("not selected " + ", ".join(f"{t}-{p}" for t, p in extra))
+        raise InvalidOptionError(
+            f"option {spec.option!r} must give a value for every selected topic partition and "
+            f"no other ({'; '.join(detail)})")
+
+
+def resolve_start(store, tps: list, spec: OffsetSpec, strategy: str = "error") -> dict:
+    """Starting offset of each partition (``strategy``: no timestamp match -> error | latest)."""
+    out = {}
+    if spec.kind in ("offsets", "timestamps"):
+        _check_coverage(spec, tps)
+    for tp in tps:
+        lg = store.partition(*tp)
+        if spec.kind == "earliest":
+            out[tp] = lg.log_start_offset
+        elif spec.kind == "latest":
+            out[tp] = lg.log_end_offset
+        elif spec.kind == "offsets":
+            v = spec.values[(tp.topic, tp.partition)]
+            out[tp] = (lg.log_start_offset if v == EARLIEST else
+                       lg.log_end_offset if v == LATEST else v)
+        else:
+            ts = spec.timestamp if spec.kind == "timestamp" else spec.values[(tp.topic, tp.partition)]
+            found = lg.offset_for_time(ts)
+            if found is not None:
+                out[tp] = found.offset
+            elif strategy == "latest":
+                out[tp] = lg.log_end_offset
+            else:
+                raise InvalidOptionError(
+                    f"option {spec.option!r}: no record of {tp.topic}-{tp.partition} has a "
+                    f"timestamp >= {ts}; set 'startingOffsetsByTimestampStrategy' to 'latest' "
+                    "to start such partitions at their end")
+    return out
+
+
+def resolve_end(store, tps: list, spec: OffsetSpec) -> dict:
+    """Ending (exclusive) offset of each partition; a timestamp with no match means latest."""
+    out = {}
+    if spec.kind in ("offsets", "timestamps"):
+        _check_coverage(spec, tps)
+    for tp in tps:
+        lg = store.partition(*tp)
+        if spec.kind == "latest":
+            out[tp] = lg.log_end_offset
+        elif spec.kind == "offsets":
+            v = spec.values[(tp.topic, tp.partition)]
+            out[tp] = lg.log_end_offset if v == LATEST else v
+        else:
+            ts = spec.timestamp if spec.kind == "timestamp" else spec.values[(tp.topic, tp.partition)]
+            found = lg.offset_for_time(ts)
+            out[tp] = lg.log_end_offset if found is None else found.offset
+    return out
+
+
+def check_range(tp, start: int, end: int, log_start: int, log_end: int,
+                fail_on_data_loss: bool) -> Optional[tuple]:
+    """``(start, end)`` inside what the log holds, or DataLossError / None (nothing left).
+
+    Below the log start offset the data is gone; past the log end it was truncated away.
+    """
+    name = f"{tp.topic}-{tp.partition}"
+    if start < log_start:
+        if fail_on_data_loss:
+            raise data_loss(f"cannot read {name} from offset {start}: its log start offset is "
+                            f"now {log_start}")
+        start = log_start
+    if end > log_end:
+        if fail_on_data_loss:
+            raise data_loss(f"cannot read {name} up to offset {end}: its log end offset is "
+                            f"{log_end}")
+        end = log_end
+    if start > end:
+        if fail_on_data_loss:
+            raise data_loss(f"{name}: starting offset {start} is past ending offset {end}")
+        return None
+    return start, end
+
+
+# -- splitting ranges into Spark partitions -------------------------------------------------
+
+def _even_split(tp, start: int, end: int, parts: int) -> list:
+    size = end - start
+    bounds = [start + size * i // parts for i in range(parts + 1)]
+    return [(tp, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def split_ranges(ranges: list, min_partitions: Optional[int] = None,
+                 max_records: Optional[int] = None) -> list:
+    """Split ``(tp, start, end)`` ranges into Spark input partitions.
+
+    ``maxRecordsPerPartition`` caps each piece; then, if fewer pieces than ``minPartitions``
+    remain, ranges are cut in proportion to their share of all records (every range keeps at
+    least one piece), as Kafka's offset range calculator does. Empty ranges are dropped.
+    """
+    pieces = []
+    for tp, s, e in ranges:
+        if e <= s:
+            continue
+        parts = math.ceil((e - s) / max_records) if max_records else 1
+        pieces.extend(_even_split(tp, s, e, parts))
+    if min_partitions and 0 < len(pieces) < min_partitions:
+        total = sum(e - s for _, s, e in pieces)
+        split = []
+        for tp, s, e in pieces:
+            parts = max(round((e - s) / total * min_partitions), 1)
+            split.extend(_even_split(tp, s, e, parts))
+        pieces = split
+    return pieces
+
+
+def prorate(start: dict, latest: dict, max_rows: int) -> dict:
+    """Ends after admitting at most about ``max_rows`` offsets, split by backlog.
+
+    Each partition gets its share of the budget in proportion to its backlog, rounded down,
+    except that a share below one is rounded up so a small partition is never starved (Kafka's
+    rule; the total may pass ``max_rows`` by at most one per partition).
+    """
+    backlog = {tp: max(latest[tp] - start.get(tp, latest[tp]), 0) for tp in latest}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return dict(latest)
+    out = {}
+    for tp, end in latest.items():
+        size = backlog[tp]
+        if size == 0:
+            out[tp] = end
+            continue
+        share = max_rows * (size / total)
+        admit = math.ceil(share) if share < 1 else math.floor(share)
+        out[tp] = min(start[tp] + admit, end)
+    return out
+
+
+# -- JSON shape -----------------------------------------------------------------------------
+
+def to_json(offsets: dict) -> dict:
+    """``{TopicPartition: n}`` -> ``{"topic": {"0": n}}`` (Kafka's source offset JSON)."""
+    out: dict = {}
+    for tp in sorted(offsets):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = int(offsets[tp])
+    return out
+
+
+def from_json(obj: dict) -> dict:
+    """``{"topic": {"0": n}}`` -> ``{TopicPartition: n}``."""
+    return {TopicPartition(t, int(p)): int(v) for t, parts in (obj or {}).items()
+            for p, v in parts.items()}

@@ -1,0 +1,286 @@
+"""Exactly-once publishing of Spark writes (design §1.9): stage in tasks, append at commit.
+
+Tasks write encoded v2 batches to ``<root>/.staging/<job>/`` (one file per task and target
+partition) and report them in a :class:`StagedCommitMessage`. The driver-side commit, holding
+the store's writer lock, then:
+
+1. finishes any commit a dead process left behind (see :func:`recover`);
+2. writes ``_manifest.json`` naming every partition's log end offset before the commit;
+3. appends the staged files with ``PartitionLog.append_records`` (which rewrites base offsets,
+   outside the CRC) and flushes the partitions;
+4. for a stream, records the batch id in the query's :class:`~.ledger.CommitLedger`;
+5. removes the manifest and the staging files.
+
+An error in step 3 truncates the touched partitions back to the manifest's offsets before it is
+raised; a crash leaves the manifest, and the next commit into the store rolls those partitions
+back the same way (or, if the ledger shows the batch committed, just clears it). Either way a
+failed job or micro-batch appends nothing, and Spark's retry or replay appends it once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from .. import _core
+from ..checkpoint import write_atomic
+from ..errors import CorruptRecordError, SegstoreError
+from ..records import TopicPartition
+from .ledger import CommitLedger
+
+log = logging.getLogger("segstore.spark")
+
+STAGING_DIR = ".staging"
+MANIFEST = "_manifest.json"
+APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call
+
+
+class CommitRecoveryError(SegstoreError):
+    """An interrupted commit cannot be rolled back: other records followed it."""
+
+
+def job_dir(root: str, job: str) -> str:
+    """The staging directory of one write job (or one streaming writer)."""
+    return os.path.join(root, STAGING_DIR, job)
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """Encoded batches for one partition, written by one task."""
+
+    topic: str
+    partition: int
+    name: str  # file name inside the job's staging directory
+    records: int
+    size: int
+
+
+@dataclass
+class StagedCommitMessage(WriterCommitMessage):
+    """What a task staged: sent back to the driver's commit."""
+
+    job: str
+    task: str
+    files: tuple
+
+
+class Stager:
+    """Task side: appends encoded batches to one staging file per target partition."""
+
+    def __init__(self, root: str, job: str, task: str):
+        self.dir = job_dir(root, job)
+        self.task = task
+        self._open: dict = {}  # (topic, partition) -> [file object, name, records, size]
+
+    def add(self, topic: str, partition: int, data: bytes, records: int) -> None:
+        """Stage ``data`` (whole v2 batches) for ``topic``-``partition``."""
+        key = (topic, partition)
+        entry = self._open.get(key)
+        if entry is None:
+            os.makedirs(self.dir, exist_ok=True)
+            name = f"{topic}-{partition}.{self.task}.stage"
+            entry = self._open[key] = [open(os.path.join(self.dir, name), "wb"), name, 0, 0]
+        entry[0].write(data)
+        entry[2] += records
+        entry[3] += len(data)
+
+    def finish(self) -> tuple:
+        """Close every file; the StagedFile list for the commit message."""
+        files = []
+        for (topic, partition), (f, name, records, size) in sorted(self._open.items()):
+            f.close()
+            files.append(StagedFile(topic, partition, name, records, size))
+        self._open.clear()
+        return tuple(files)
+
+    def discard(self) -> None:
+        """Close and delete this task's files (a failed task leaves nothing behind)."""
+        for f, name, _, _ in self._open.values():
+            f.close()
+            try:
+                os.unlink(os.path.join(self.dir, name))
+            except FileNotFoundError:
+                pass
+        self._open.clear()
+
+
+def _files_by_partition(messages: Iterable) -> dict:
+    """{TopicPartition: [(job, StagedFile)]}: a file lives in the job dir its task wrote to."""
+    by_tp: dict = {}
+    for m in messages:
+        if m is None:
+            continue
+        for f in m.files:
+            by_tp.setdefault(TopicPartition(f.topic, f.partition), []).append((m.job, f))
+    return by_tp
+
+
+def _append_file(lg, path: str, expected_records: int) -> None:
+    """Append one staged file in chunks of whole batches (bounded memory)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            scan = _core.scan_batches(mm, raise_on_corrupt=True, file=path)
+            batches = scan.batches
+            if scan.valid_end != size or int(batches["records_count"].sum()) != expected_records:
+                raise CorruptRecordError(
+                    f"staged file {path} is incomplete ({scan.valid_end} of {size} bytes, "
+                    f"{int(batches['records_count'].sum())} of {expected_records} records)")
+            ends = (batches["position"] + batches["size"]).tolist()
+            start = 0
+            for i, end in enumerate(ends):
+                if end - start >= APPEND_CHUNK_BYTES or i == len(ends) - 1:
+                    view = memoryview(mm)[start:end]
+                    try:
+                        lg.append_records(view)  # copies, validates CRCs, assigns offsets
+                    finally:
+                        view.release()
+                    start = end
+        finally:
+            mm.close()
+
+
+def publish(store, root: str, job: str, messages: list, *,
+            ledger: Optional[CommitLedger] = None, batch_id: Optional[int] = None) -> dict:
+    """Append every staged file of ``messages`` to its partition, exactly once.
+
+    ``store`` must be open writable. Returns ``{TopicPartition: (first offset, end offset)}``
+    of what was appended. With a ``ledger``, a ``batch_id`` it already holds appends nothing.
+    """
+    by_tp = _files_by_partition(messages)
+    jobs = {job} | {j for files in by_tp.values() for j, _ in files}
+    recover(store, root, keep=jobs)
+    jdir = job_dir(root, job)
+    if ledger is not None and ledger.is_committed(batch_id):
+        log.info("micro-batch %s already committed to %s; skipping its replay", batch_id, root)
+        for j in jobs:
+            discard_job(root, j)
+        return {}
+    plan = {f"{tp.topic}-{tp.partition}": {
+                "topic": tp.topic, "partition": tp.partition,
+                "before": store.partition(*tp).log_end_offset,
+                "records": sum(f.records for _, f in files)}
+            for tp, files in sorted(by_tp.items())}
+    manifest = {"job": job, "partitions": plan}
+    if ledger is not None:
+        manifest.update(ledgerLocation=ledger.location, batchId=batch_id)
+    os.makedirs(jdir, exist_ok=True)
+    write_atomic(os.path.join(jdir, MANIFEST), json.dumps(manifest, indent=1))
+    done = {}
+    try:
+        for tp, files in sorted(by_tp.items()):
+            lg = store.partition(*tp)
+            first = lg.log_end_offset
+            for j, f in sorted(files, key=lambda jf: (jf[0], jf[1].name)):
+                _append_file(lg, os.path.join(job_dir(root, j), f.name), f.records)
+            lg.flush()
+            done[tp] = (first, lg.log_end_offset)
+        if ledger is not None:
+            ledger.record(batch_id, sum(p["records"] for p in plan.values()))
+    except BaseException:
+        _roll_back(store, manifest)
+        os.unlink(os.path.join(jdir, MANIFEST))
+        raise
+    os.unlink(os.path.join(jdir, MANIFEST))
+    for j in jobs:
+        discard_job(root, j)
+    return done
+
+
+def _roll_back(store, manifest: dict) -> list:
+    """Truncate each partition of a manifest back to its offset before the commit."""
+    undone = []
+    for p in manifest["partitions"].values():
+        lg = store.partition(p["topic"], p["partition"])
+        before, leo = p["before"], lg.log_end_offset
+        if leo == before:
+            continue
+        if not before < leo <= before + p["records"]:
+            raise CommitRecoveryError(
+                f"cannot roll back the interrupted commit of job {manifest['job']} in "
+                f"{p['topic']}-{p['partition']}: its log end offset is {leo}, but the commit "
+                f"started at {before} with {p['records']} records (others wrote since). "
+                f"Inspect the partition, then delete {MANIFEST} of that job to continue")
+        lg.truncate_to(before)
+        lg.flush()
+        undone.append((p["topic"], p["partition"], leo - before))
+    return undone
+
+
+def recover(store, root: str, keep: Iterable = ()) -> list:
+    """Settle commits that a dead process left half done; returns what was rolled back.
+
+    A manifest whose stream batch id the ledger holds finished (only its cleanup was lost); any
+    other manifest's partitions are truncated back to where the commit started. The dead job's
+    staging is removed, except in the directories of ``keep`` (jobs being committed now, such as
+    a restarted stream that stages into the same directory).
+    """
+    base = os.path.join(root, STAGING_DIR)
+    undone = []
+    if not os.path.isdir(base):
+        return undone
+    for job in sorted(os.listdir(base)):
+        path = os.path.join(base, job, MANIFEST)
+        try:
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except FileNotFoundError:
+            continue
+        except ValueError:
+            # write_atomic renames a complete file into place: a torn manifest cannot exist.
+            raise CorruptRecordError(f"unreadable commit manifest {path}") from None
+        location = manifest.get("ledgerLocation")
+        if location is not None and CommitLedger(root, location).is_committed(manifest["batchId"]):
+            log.info("commit of job %s had finished; clearing its staging", job)
+        else:
+            rolled = _roll_back(store, manifest)
+            log.warning("rolled back the interrupted commit of job %s: %s", job, rolled)
+            undone.extend(rolled)
+        os.unlink(path)
+        if job not in keep:
+            shutil.rmtree(os.path.join(base, job), ignore_errors=True)
+    return undone
+
+
+def discard_job(root: str, job: str) -> None:
+    """Remove a job's staged files; a manifest (a commit in progress) is never removed."""
+    jdir = job_dir(root, job)
+    try:
+        names = os.listdir(jdir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name != MANIFEST:
+            try:
+                os.unlink(os.path.join(jdir, name))
+            except (FileNotFoundError, IsADirectoryError):
+                pass
+    try:
+        os.rmdir(jdir)
+    except OSError:
+        pass  # a manifest remains
+
+
+def task_tag() -> str:
+    """A name for this task attempt's staging files, unique even across retries."""
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+    except ImportError:
+        ctx = None
+    suffix = uuid.uuid4().hex[:12]
+    if ctx is None:
+        return f"local-{suffix}"
+    return f"p{ctx.partitionId()}-a{ctx.attemptNumber()}-{suffix}"

@@ -1,0 +1,212 @@
+"""The segstore sink: batch and streaming Arrow writers with exactly-once commits.
+
+Input columns follow Kafka's sink (ECO §2.3): ``value`` (required, string or binary), ``key``
+(string or binary), ``headers`` (``array<struct<key:string,value:binary>>``), ``topic``
+(string; the ``topic`` option overrides it) and ``partition`` (int; when null or absent Kafka's
+partitioner decides). Other columns are ignored, as Kafka's sink ignores them. Tasks stage
+encoded batches (:mod:`.staging`); the driver's ``commit`` publishes them under the writer
+lock, ``abort`` deletes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Iterator
+
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
+
+from ..store import open as open_store
+from . import stores
+from .encode import BatchRouter, InputLayout, topic_info
+from .ledger import CommitLedger
+from .options import InvalidOptionError, WriteOptions
+from .staging import Stager, StagedCommitMessage, discard_job, publish, task_tag
+
+try:  # pyspark 4.1+: micro-batches arrive as Arrow; 4.0 hands the writer Rows.
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+except ImportError:  # pragma: no cover - exercised only on pyspark 4.0
+    DataSourceStreamArrowWriter = None
+
+_HEADERS_TYPE = "array<struct<key:string,value:binary>>"
+
+
+def check_input_schema(schema, opts: WriteOptions) -> InputLayout:
+    """Validate the input DataFrame's columns as Kafka's sink does; where each column is."""
+    from pyspark.sql.types import BinaryType, IntegerType, StringType
+
+    by_name = {f.name.lower(): f for f in schema.fields}
+
+    def column(name: str, allowed: tuple, what: str):
+        f = by_name.get(name)
+        if f is None:
+            return None
+        if not isinstance(f.dataType, allowed):
+            raise InvalidOptionError(
+                f"{name} attribute type must be {what}, but the input has {name!r} of type "
+                f"{f.dataType.simpleString()}")
+        return f.name
+
+    value = column("value", (StringType, BinaryType), "a string or binary")
+    if value is None:
+        raise InvalidOptionError(
+            "required attribute 'value' not found: the segstore sink writes a 'value' column "
+            "(string or binary); input columns: " + ", ".join(schema.fieldNames()))
+    key = column("key", (StringType, BinaryType), "a string or binary")
+    topic = column("topic", (StringType,), "a string")
+    partition = column("partition", (IntegerType,), "an int")
+    headers = by_name.get("headers")
+    if headers is not None and headers.dataType.simpleString() != _HEADERS_TYPE:
+        raise InvalidOptionError(
+            f"headers attribute type must be {_HEADERS_TYPE}, but the input has "
+            f"{headers.dataType.simpleString()}")
+    if topic is None and opts.topic is None:
+        raise InvalidOptionError(
+            "topic option required when no 'topic' attribute is present: set "
+            ".option('topic', ...) or add a string 'topic' column")
+    return InputLayout(value=value, key=key, headers=headers.name if headers else None,
+                       topic=None if opts.topic is not None else topic, partition=partition)
+
+
+def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches) -> StagedCommitMessage:
+    """One task's share of a write: route, encode and stage every input batch."""
+    tag = task_tag()
+    stager = Stager(opts.path, job, tag)
+    infos: dict = {}
+    store = None
+
+    def info(topic: str):
+        nonlocal store
+        if topic not in infos:
+            if store is None:
+                stores.check_store_dir(opts.path)
+                store = open_store(opts.path, readonly=True)
+            infos[topic] = topic_info(store, topic)
+        return infos[topic]
+
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        router = BatchRouter(layout, opts.topic, info,
+                             sticky_seed=ctx.partitionId() if ctx is not None else 0)
+        for batch in batches:
+            for topic, partition, data, count in router.route(batch):
+                stager.add(topic, partition, data, count)
+        files = stager.finish()
+    except BaseException:
+        stager.discard()
+        raise
+    finally:
+        if store is not None:
+            store.close()
+    return StagedCommitMessage(job=job, task=tag, files=files)
+
+
+class SegstoreWriter(DataSourceArrowWriter):
+    """Batch writer: every task stages, the driver appends all or nothing."""
+
+    def __init__(self, opts: WriteOptions, layout: InputLayout):
+        self.opts = opts
+        self.layout = layout
+        self.job = uuid.uuid4().hex
+
+    def write(self, iterator) -> StagedCommitMessage:
+        """Stage this task's rows (runs in an executor)."""
+        return write_task(self.opts, self.layout, self.job, iterator)
+
+    def commit(self, messages) -> None:
+        """Append every staged file to its partition (runs on the driver side)."""
+        if not any(m is not None and m.files for m in messages):
+            discard_job(self.opts.path, self.job)
+            return
+        with stores.writable(self.opts.path, self.opts.lock_timeout_ms,
+                             "committing a Spark write") as store:
+            publish(store, self.opts.path, self.job, messages)
+
+    def abort(self, messages) -> None:
+        """A task failed: delete everything the job staged; no partition changes."""
+        discard_job(self.opts.path, self.job)
+
+
+class _StreamCommit:
+    """Commit and abort of a micro-batch, shared by the Arrow and the Row stream writers."""
+
+    opts: WriteOptions
+    layout: InputLayout
+    job: str
+
+    def commit(self, messages, batchId: int) -> None:
+        """Publish micro-batch ``batchId`` unless the ledger says it was already published."""
+        if not any(m is not None and m.files for m in messages):
+            discard_job(self.opts.path, self.job)
+            return
+        ledger = CommitLedger(self.opts.path, self.opts.checkpoint_location)
+        with stores.writable(self.opts.path, self.opts.lock_timeout_ms,
+                             f"committing micro-batch {batchId}") as store:
+            publish(store, self.opts.path, self.job, messages, ledger=ledger, batch_id=batchId)
+
+    def abort(self, messages, batchId: int) -> None:
+        """Drop what micro-batch ``batchId`` staged."""
+        discard_job(self.opts.path, self.job)
+
+
+def _rows_to_batches(rows: Iterator, layout: InputLayout, size: int = 8192) -> Iterator:
+    """pyspark 4.0's Row iterator as Arrow batches (the Arrow writer path needs 4.1)."""
+    import pyarrow as pa
+
+    names = [n for n in (layout.value, layout.key, layout.headers, layout.topic,
+                         layout.partition) if n is not None]
+    chunk = []
+    for row in rows:
+        d = row.asDict(recursive=True)
+        chunk.append({n: d[n] for n in names})
+        if len(chunk) >= size:
+            yield pa.RecordBatch.from_pylist(chunk)
+            chunk = []
+    if chunk:
+        yield pa.RecordBatch.from_pylist(chunk)
+
+
+def stream_job(opts: WriteOptions) -> str:
+    """The staging directory name of a streaming query.
+
+    Spark builds one writer for the tasks and another, in another process, for each commit, so
+    the name must come from the query itself: its checkpoint location.
+    """
+    return "stream-" + hashlib.sha1(opts.checkpoint_location.encode("utf-8")).hexdigest()[:24]
+
+
+if DataSourceStreamArrowWriter is not None:
+    class SegstoreStreamWriter(_StreamCommit, DataSourceStreamArrowWriter):
+        """Streaming writer (Arrow input): each micro-batch is published exactly once."""
+
+        def __init__(self, opts: WriteOptions, layout: InputLayout):
+            self.opts = opts
+            self.layout = layout
+            self.job = stream_job(opts)
+
+        def write(self, iterator) -> StagedCommitMessage:
+            """Stage this task's rows of the micro-batch."""
+            return write_task(self.opts, self.layout, self.job, iterator)
+else:  # pragma: no cover - pyspark 4.0
+    SegstoreStreamWriter = None
+
+
+class SegstoreRowStreamWriter(_StreamCommit, DataSourceStreamWriter):
+    """Streaming writer for pyspark 4.0, whose stream writers receive Rows."""
+
+    def __init__(self, opts: WriteOptions, layout: InputLayout):
+        self.opts = opts
+        self.layout = layout
+        self.job = stream_job(opts)
+
+    def write(self, iterator) -> StagedCommitMessage:
+        """Stage this task's rows of the micro-batch."""
+        return write_task(self.opts, self.layout, self.job, _rows_to_batches(iterator, self.layout))
+
+
+def make_stream_writer(opts: WriteOptions, layout: InputLayout):
+    """The Arrow stream writer when pyspark has one (4.1+), else the Row writer."""
+    cls = SegstoreStreamWriter if SegstoreStreamWriter is not None else SegstoreRowStreamWriter
+    return cls(opts, layout)
