@@ -4,6 +4,8 @@ For each of README.md and docs/*.md, in document order and in a fresh working di
 
 * every ```` ```python ```` block is executed; the blocks of one document share one namespace,
   so a later block may use what an earlier one made, and ``segstore`` is imported beforehand;
+* an ```` ```output ```` block right after a python block is what that block prints (compared
+  with the same rules as console output below);
 * every ```` ```console ```` block is a transcript: each ``$ segstore ...`` line is run through
   ``segstore.cli.main`` and what it prints (stdout, then stderr) must equal the lines that follow,
   up to the next ``$`` line. A line ``...`` matches any number of lines, and ``...`` inside a line
@@ -49,7 +51,7 @@ def _docs() -> list:
     paths = [os.path.join(REPO, "README.md")] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
     params = []
     for p in paths:
-        if not any(lang in ("python", "console") for lang, _, _ in doc_blocks(p)):
+        if not any(lang in ("python", "console", "output") for lang, _, _ in doc_blocks(p)):
             continue
         marks = [pytest.mark.spark] if os.path.basename(p) == "spark.md" else []
         params.append(pytest.param(p, id=os.path.relpath(p, REPO), marks=marks))
@@ -101,13 +103,24 @@ def test_doc_examples_run(path, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__", "segstore": segstore}
     name = os.path.relpath(path, REPO)
+    printed = None  # what the last python block printed, while no other block came after it
     try:
         for lang, line, text in doc_blocks(path):
             where = f"{name}:{line}"
             if lang == "python":
+                capsys.readouterr()
                 exec(compile(text, where, "exec"), namespace)
+                printed = capsys.readouterr().out.splitlines()
+                continue
+            if lang == "output":
+                assert printed is not None, f"{where}: an output block must follow a python block"
+                expected = text.splitlines()
+                assert _matches(expected, printed), (
+                    f"{where}: the python block printed:\n" + "\n".join(printed)
+                    + "\n--- but the docs show:\n" + text)
             elif lang == "console":
                 run_console(text, where, capsys)
+            printed = None
     finally:
         # Examples may leave stores open (the writer lock, threads): close them.
         for value in list(namespace.values()):
