@@ -43,30 +43,41 @@ cdef struct MapCore:
     int strategy
 
 
+cdef extern from *:
+    """
+    #define SEGSTORE_BSWAP32(x) __builtin_bswap32(x)
+    #define SEGSTORE_PREFETCH(p) __builtin_prefetch(p)
+    """
+    uint32_t SEGSTORE_BSWAP32(uint32_t x) noexcept nogil
+    void SEGSTORE_PREFETCH(const void* p) noexcept nogil
+
+
 cdef inline int64_t _probe_slot(const MapCore* m, uint64_t h1, uint64_t h2,
                                 int64_t attempt) noexcept nogil:
     # Kafka's probe sequence over the 16 digest bytes (h1 then h2, little-endian as
     # mmh3.hash_bytes gives them): a big-endian int32 window at byte min(attempt, 12), plus
     # attempt - 12 beyond that (linear probing); abs(Integer.MIN_VALUE) taken as 0.
     cdef int64_t i = attempt if attempt < 12 else 12
-    cdef uint32_t w = 0
-    cdef int64_t j, byte_index
-    cdef uint64_t word
-    for j in range(4):
-        byte_index = i + j
-        word = h1 if byte_index < 8 else h2
-        w = (w << 8) | <uint32_t>((word >> (8 * (byte_index & 7))) & 0xFF)
+    cdef uint64_t lo
+    if i == 0:
+        lo = h1
+    elif i < 8:
+        lo = (h1 >> (8 * i)) | (h2 << (64 - 8 * i))
+    else:
+        lo = h2 >> (8 * (i - 8))
+    cdef uint32_t w = SEGSTORE_BSWAP32(<uint32_t>lo)
     if attempt > 12:
         w = w + <uint32_t>(attempt - 12)
     cdef int32_t p = <int32_t>w
-    cdef int64_t a
+    cdef uint32_t a
     if p == -2147483648:
         a = 0
     elif p < 0:
-        a = -<int64_t>p
+        a = <uint32_t>(-p)
     else:
-        a = p
-    return a % m.slots
+        a = <uint32_t>p
+    # slots < 2^32 (the map is at most 2 GiB): a 32-bit modulo is much cheaper.
+    return a % <uint32_t>m.slots
 
 
 cdef inline int _map_put(MapCore* m, uint64_t h1, uint64_t h2, int64_t offset, int64_t value,
@@ -344,30 +355,85 @@ cdef inline bint _in_aborted(const int64_t* ab, Py_ssize_t n, const BatchHeader*
     return False
 
 
+cdef inline int _record_key(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+                            RecordView* r) noexcept nogil:
+    """The key and deltas of one record, jumping over value and headers: map building needs
+    no more (the filter pass parses every record in full, after the CRC check)."""
+    cdef int32_t length
+    cdef int st = read_varint_fast(b, pos, end, &length)
+    if st != ST_OK:
+        return st
+    if length < 0:
+        return ST_NEGATIVE_LENGTH
+    if length > end - pos[0]:
+        return ST_TRUNCATED
+    cdef Py_ssize_t rec_end = pos[0] + length
+    cdef Py_ssize_t p = pos[0] + 1
+    if p > rec_end:
+        return ST_RECORD_LENGTH
+    st = read_varlong_fast(b, &p, rec_end, &r.timestamp_delta)
+    if st != ST_OK:
+        return st
+    st = read_varint_fast(b, &p, rec_end, &r.offset_delta)
+    if st != ST_OK:
+        return st
+    st = read_varint_fast(b, &p, rec_end, &r.key_len)
+    if st != ST_OK:
+        return st
+    if r.key_len < -1:
+        return ST_NEGATIVE_LENGTH
+    if r.key_len > rec_end - p:
+        return ST_TRUNCATED
+    r.key_pos = p
+    pos[0] = rec_end
+    return ST_OK
+
+
+cdef enum:
+    MAP_GROUP = 16   # records hashed ahead so their slots cache lines load in parallel
+
+
 cdef int _map_records(MapCore* m, MapBuild* mb, const BatchHeader* h, const uint8_t* b,
                       Py_ssize_t pos, Py_ssize_t end) noexcept nogil:
     cdef RecordView r
-    cdef int32_t j
+    cdef int32_t j = 0, g, k, n = h.records_count
     cdef int st
-    cdef int64_t offset, value
-    cdef uint64_t h1, h2
-    for j in range(h.records_count):
-        st = parse_record(b, &pos, end, &r)
-        if st != ST_OK:
-            return st
-        offset = h.base_offset + r.offset_delta
-        if r.key_len >= 0 and mb.start_offset <= offset < mb.end_offset:
-            if not mb.update_only and m.entries >= mb.max_desired:
-                mb.full = True
-                return ST_OK
-            st = _strategy_value(&mb.sk, h, b, end, &r, &value)
+    cdef int64_t offset
+    cdef uint64_t gh1[MAP_GROUP]
+    cdef uint64_t gh2[MAP_GROUP]
+    cdef int64_t goff[MAP_GROUP]
+    cdef int64_t gval[MAP_GROUP]
+    cdef bint gput[MAP_GROUP]
+    cdef bint full_parse = mb.sk.strategy == STRATEGY_HEADER
+    while j < n:
+        g = n - j if n - j < MAP_GROUP else MAP_GROUP
+        for k in range(g):
+            if full_parse:
+                st = parse_record(b, &pos, end, &r)
+            else:
+                st = _record_key(b, &pos, end, &r)
             if st != ST_OK:
                 return st
-            murmur3_x64_128(b + r.key_pos, r.key_len if r.key_len > 0 else 0, 0, &h1, &h2)
-            st = _map_put(m, h1, h2, offset, value, mb.update_only)
-            if st != ST_OK:
-                return st
-        mb.messages_read += 1
+            offset = h.base_offset + r.offset_delta
+            goff[k] = offset
+            gput[k] = r.key_len >= 0 and mb.start_offset <= offset < mb.end_offset
+            if gput[k]:
+                st = _strategy_value(&mb.sk, h, b, end, &r, &gval[k])
+                if st != ST_OK:
+                    return st
+                murmur3_x64_128(b + r.key_pos, r.key_len if r.key_len > 0 else 0, 0,
+                                &gh1[k], &gh2[k])
+                SEGSTORE_PREFETCH(m.mem + _probe_slot(m, gh1[k], gh2[k], 0) * m.words)
+        for k in range(g):
+            if gput[k]:
+                if not mb.update_only and m.entries >= mb.max_desired:
+                    mb.full = True
+                    return ST_OK
+                st = _map_put(m, gh1[k], gh2[k], goff[k], gval[k], mb.update_only)
+                if st != ST_OK:
+                    return st
+            mb.messages_read += 1
+        j += g
     if pos != end:
         return ST_LEFTOVER
     return ST_OK
@@ -534,6 +600,14 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
     cdef uint8_t* q
     cdef BatchHeader nh
     cdef uint8_t* grown
+    cdef int32_t g, k
+    cdef uint64_t gh1[MAP_GROUP]
+    cdef uint64_t gh2[MAP_GROUP]
+    cdef int64_t goff[MAP_GROUP]
+    cdef int64_t gts[MAP_GROUP]
+    cdef int32_t gvlen[MAP_GROUP]
+    cdef int32_t gklen[MAP_GROUP]
+    cdef bint glook[MAP_GROUP]
     rebuilt[0] = False
     fc.messages_read += n
     fc.bytes_read += h.size
@@ -549,38 +623,53 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
     retain_deletes = not has_horizon or fc.now < h.base_timestamp
     control = (h.attributes & ATTR_CONTROL) != 0
     p = rpos
-    for j in range(n):
-        st = parse_record(rb, &p, rend, &r)
-        if st != ST_OK:
-            return st
-        offset = h.base_offset + r.offset_delta
-        if discard_records:
-            keep = False
-        elif control:
-            keep = True
-        elif offset > m.latest_offset:
-            keep = True            # beyond the mapped range: a later round decides
-        elif r.key_len < 0:
-            keep = False
-            fc.invalid += 1
-        else:
-            murmur3_x64_128(rb + r.key_pos, r.key_len, 0, &h1, &h2)
-            got = _map_get(m, h1, h2)
-            if fc.strategy == STRATEGY_OFFSET:
-                ok = offset >= got
+    j = 0
+    while j < n:
+        # Parse and hash a group first, prefetching each key's first slot, then decide: the
+        # map's cache misses overlap instead of stalling one record at a time.
+        g = n - j if n - j < MAP_GROUP else MAP_GROUP
+        for k in range(g):
+            st = parse_record(rb, &p, rend, &r)
+            if st != ST_OK:
+                return st
+            goff[k] = h.base_offset + r.offset_delta
+            gts[k] = h.base_timestamp + r.timestamp_delta
+            gvlen[k] = r.value_len
+            gklen[k] = r.key_len
+            glook[k] = (not discard_records and not control and goff[k] <= m.latest_offset
+                        and r.key_len >= 0)
+            if glook[k]:
+                murmur3_x64_128(rb + r.key_pos, r.key_len, 0, &gh1[k], &gh2[k])
+                SEGSTORE_PREFETCH(m.mem + _probe_slot(m, gh1[k], gh2[k], 0) * m.words)
+        for k in range(g):
+            offset = goff[k]
+            if discard_records:
+                keep = False
+            elif control:
+                keep = True
+            elif offset > m.latest_offset:
+                keep = True            # beyond the mapped range: a later round decides
+            elif gklen[k] < 0:
+                keep = False
+                fc.invalid += 1
             else:
-                ok = got == -1 or offset == got
-            keep = ok and (r.value_len >= 0 or retain_deletes)
-        fc.keep[j] = keep
-        if keep:
-            ts = h.base_timestamp + r.timestamp_delta
-            if retained == 0:
-                first_ts = ts
-            if ts > max_ts:
-                max_ts = ts
-            if r.value_len < 0:
-                tomb = True
-            retained += 1
+                got = _map_get(m, gh1[k], gh2[k])
+                if fc.strategy == STRATEGY_OFFSET:
+                    ok = offset >= got
+                else:
+                    ok = got == -1 or offset == got
+                keep = ok and (gvlen[k] >= 0 or retain_deletes)
+            fc.keep[j + k] = keep
+            if keep:
+                ts = gts[k]
+                if retained == 0:
+                    first_ts = ts
+                if ts > max_ts:
+                    max_ts = ts
+                if gvlen[k] < 0:
+                    tomb = True
+                retained += 1
+        j += g
     if p != rend:
         return ST_LEFTOVER
     o = out + out_pos[0]

@@ -160,3 +160,88 @@ def encode_columns(
 def set_base_offset(buf: bytearray, position: int, base_offset: int,
                     partition_leader_epoch: Optional[int] = None) -> None:
     """Rewrite a v2 batch's baseOffset (and leader epoch) in place; neither is covered by the CRC."""
+
+# -- the log cleaner (_clean.pxi) ----------------------------------------------------------
+
+class OffsetMap:
+    """Kafka's SkimpyOffsetMap (REF §6.12): key digest (MurmurHash3 x64-128) -> latest offset.
+
+    ``memory // 24`` slots (``// 32`` with a KIP-280 ``strategy`` other than ``"offset"``);
+    building stops at ``max_desired_size = int(slots * load_factor)`` entries.
+    """
+
+    memory: int
+    load_factor: float
+    strategy: str
+    def __init__(self, memory: int, load_factor: float = 0.9, strategy: str = "offset",
+                 header_key: Optional[Union[str, bytes]] = None) -> None: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def bytes_per_entry(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def __len__(self) -> int: ...
+    @property
+    def max_desired_size(self) -> int: ...
+    @property
+    def latest_offset(self) -> int: ...
+    def update_latest_offset(self, offset: int) -> None: ...
+    @property
+    def utilization(self) -> float: ...
+    @property
+    def lookups(self) -> int: ...
+    @property
+    def probes(self) -> int: ...
+    @property
+    def collision_rate(self) -> float: ...
+    def put(self, key: Buffer, offset: int, value: int = 0) -> None:
+        """Map key to offset; OverflowError when every slot is taken."""
+    def get(self, key: Buffer) -> int:
+        """The mapped offset, or -1."""
+    def clear(self) -> None: ...
+
+def build_offset_map(
+    omap: OffsetMap,
+    buf: Buffer,
+    start: int,
+    end: int,
+    start_offset: int,
+    aborted: Optional[np.ndarray] = None,
+    *,
+    update_only: bool = False,
+    end_offset: Optional[int] = None,
+    file: Optional[str] = None,
+) -> tuple[bool, int, int, int]:
+    """Map the keys of buf[start:end] (REF §6.5); returns (full, stop position, messages, bytes)."""
+
+FILTER_DONE: int
+FILTER_NEED_PYTHON: int
+FILTER_OUTPUT_FULL: int
+
+class BatchFilter:
+    """The cleaner's filter kernel over one map (REF §6.8)."""
+
+    def __init__(self, omap: OffsetMap, now: int, delete_retention_ms: int,
+                 upper_bound: int) -> None: ...
+    @property
+    def stats(self) -> dict: ...
+    def reset_max_offset(self) -> None: ...
+    def run(self, buf: Buffer, start: int, end: int, out: bytearray, out_pos: int,
+            file: Optional[str] = None) -> tuple[int, int, int]:
+        """Filter plain batches; returns (FILTER_* code, position, out_pos)."""
+    @staticmethod
+    def room_needed(buf: Buffer, pos: int) -> int: ...
+    def filter_one(self, buf: Buffer, pos: int, mode: int, discard_records: bool,
+                   marker_for_empty_txn: bool, out: bytearray, out_pos: int,
+                   payload: Optional[Buffer] = None,
+                   file: Optional[str] = None) -> tuple[int, bool]:
+        """One batch with its retention mode (0 RETAIN_EMPTY, 1 DELETE, 2 DELETE_EMPTY)."""
+    def count_legacy(self, messages: int, size: int, written_messages: int, written_bytes: int,
+                     max_offset: int, invalid: int) -> None: ...
+
+def finish_crcs(out: bytearray, start: int, end: int) -> None:
+    """Fill the CRC of every batch in out[start:end] whose CRC field is 0."""
+
+def compress_batch_at(out: bytearray, pos: int, size: int, codec: int) -> bytearray:
+    """The uncompressed batch at out[pos:pos+size] compressed with ``codec``, CRC set."""
