@@ -177,8 +177,11 @@ def split_ranges(ranges: list, min_partitions: Optional[int] = None,
     """Split ``(tp, start, end)`` ranges into Spark input partitions.
 
     ``maxRecordsPerPartition`` caps each piece; then, if fewer pieces than ``minPartitions``
-    remain, ranges are cut in proportion to their share of all records (every range keeps at
-    least one piece), as Kafka's offset range calculator does. Empty ranges are dropped.
+    remain, ``minPartitions`` pieces are shared out in proportion to each range's records
+    (largest remainders first, at least one piece per range, never more pieces than records).
+    Kafka's calculator rounds each share on its own, so it may plan fewer pieces than asked;
+    this plans exactly ``minPartitions`` whenever there are that many records. Empty ranges are
+    dropped.
     """
     pieces = []
     for tp, s, e in ranges:
@@ -187,12 +190,20 @@ def split_ranges(ranges: list, min_partitions: Optional[int] = None,
         parts = math.ceil((e - s) / max_records) if max_records else 1
         pieces.extend(_even_split(tp, s, e, parts))
     if min_partitions and 0 < len(pieces) < min_partitions:
-        total = sum(e - s for _, s, e in pieces)
-        split = []
-        for tp, s, e in pieces:
-            parts = max(round((e - s) / total * min_partitions), 1)
-            split.extend(_even_split(tp, s, e, parts))
-        pieces = split
+        sizes = [e - s for _, s, e in pieces]
+        total = sum(sizes)
+        shares = [size / total * min_partitions for size in sizes]
+        parts = [min(max(math.floor(x), 1), size) for x, size in zip(shares, sizes)]
+        spare = min_partitions - sum(parts)
+        order = sorted(range(len(pieces)), key=lambda i: shares[i] - math.floor(shares[i]),
+                       reverse=True)
+        while spare > 0 and any(parts[i] < sizes[i] for i in order):
+            for i in order:
+                if spare > 0 and parts[i] < sizes[i]:
+                    parts[i] += 1
+                    spare -= 1
+        pieces = [piece for (tp, s, e), k in zip(pieces, parts)
+                  for piece in _even_split(tp, s, e, k)]
     return pieces
 
 

@@ -11,6 +11,7 @@ typo never silently changes what a query reads.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -235,9 +236,11 @@ def _normalize(options: Mapping[str, str], allowed: list, kind: str) -> dict:
                 f"option {key!r} configures a Kafka client; segstore reads and writes the log "
                 "files directly and has no client to configure")
         else:
+            close = difflib.get_close_matches(low, list(known), n=1)
+            hint = f" (did you mean {known[close[0]]!r}?)" if close else ""
             raise InvalidOptionError(
-                f"unknown option {key!r} for the segstore {kind}; known options: "
-                + ", ".join(sorted(allowed)))
+                f"unknown option {key!r} for the segstore {kind}{hint}; known options "
+                "(case-insensitive): " + ", ".join(sorted(allowed)))
     return out
 
 

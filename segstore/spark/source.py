@@ -27,11 +27,12 @@ class SegstoreDataSource(DataSource):
         return "segstore"
 
     def _include_headers(self) -> bool:
-        value = str(self.options.get("includeHeaders", "false")).strip().lower()
+        # Spark's options mapping is case-insensitive; a plain dict (tests, direct use) may not be.
+        raw = {k.lower(): v for k, v in dict(self.options).items()}.get("includeheaders", "false")
+        value = str(raw).strip().lower()
         if value not in ("true", "false"):
             raise InvalidOptionError(
-                f"option 'includeHeaders' must be 'true' or 'false', got "
-                f"{self.options.get('includeHeaders')!r}")
+                f"option 'includeHeaders' must be 'true' or 'false', got {raw!r}")
         return value == "true"
 
     def schema(self):
