@@ -1,0 +1,378 @@
+"""The cleaner's dedupe map, ``segstore._core.OffsetMap`` (REF §6.12, §7 #10-13).
+
+Oracle: :class:`ModelMap`, a plain-Python SkimpyOffsetMap written from REF §6.12 alone: the key's
+16-byte digest is ``mmh3.hash_bytes(key)`` (MurmurHash3 x64-128, as the issue specifies instead of
+MD5); attempt ``i`` reads the big-endian int32 window at digest byte ``min(i, 12)``, adds
+``max(0, i - 12)`` with Java int wrap-around, takes ``abs`` with ``abs(Integer.MIN_VALUE) = 0``
+and reduces modulo the slot count. Every computed slot counts one probe; ``put`` fails on a map
+with ``entries >= slots`` before counting anything; ``get`` gives up after ``slots + 12`` attempts.
+The model's slot choices are compared with the compiled map through the ``probes`` counter, which
+differs as soon as one probe lands elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import mmh3
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from segstore import _core
+from segstore._core import OffsetMap
+
+INT_MIN = -(2 ** 31)
+
+
+# -- the model --------------------------------------------------------------------------------
+
+def window(digest: bytes, attempt: int) -> int:
+    """The signed big-endian int32 at digest byte ``min(attempt, 12)``."""
+    i = min(attempt, len(digest) - 4)
+    return struct.unpack(">i", digest[i:i + 4])[0]
+
+
+def probe_slot(digest: bytes, attempt: int, slots: int, min_is_zero: bool = True) -> int:
+    """Kafka's positionOf / slots (REF §6.12). ``min_is_zero=False`` is the naive abs, used only
+    to show that a test tells the two apart."""
+    p = window(digest, attempt) + max(0, attempt - len(digest) + 4)
+    p = (p + 2 ** 31) % 2 ** 32 - 2 ** 31            # Java int addition wraps
+    if p == INT_MIN:
+        a = 0 if min_is_zero else 2 ** 31
+    else:
+        a = abs(p)
+    return a % slots
+
+
+class ModelMap:
+    """SkimpyOffsetMap in plain Python, with the KIP-280 value rule for strategy maps."""
+
+    def __init__(self, slots: int, strategy: bool = False, min_is_zero: bool = True):
+        self.slots = slots
+        self.strategy = strategy
+        self.min_is_zero = min_is_zero
+        self.table: list = [None] * slots     # [digest, offset, value] or None
+        self.entries = 0
+        self.lookups = 0
+        self.probes = 0
+        self.latest = -1
+
+    def put(self, key: bytes, offset: int, value: int = 0) -> int:
+        """Returns the slot written (or the slot of the equal digest)."""
+        if self.entries >= self.slots:
+            raise OverflowError("full")
+        d = mmh3.hash_bytes(key)
+        self.lookups += 1
+        attempt = 0
+        while True:
+            s = probe_slot(d, attempt, self.slots, self.min_is_zero)
+            self.probes += 1
+            e = self.table[s]
+            if e is None:
+                self.table[s] = [d, offset, value]
+                self.entries += 1
+                self.latest = offset
+                return s
+            if e[0] == d:
+                if not self.strategy or value >= e[2]:
+                    e[1], e[2] = offset, value
+                self.latest = offset
+                return s
+            attempt += 1
+
+    def get(self, key: bytes) -> int:
+        d = mmh3.hash_bytes(key)
+        self.lookups += 1
+        for attempt in range(self.slots + 12):
+            s = probe_slot(d, attempt, self.slots, self.min_is_zero)
+            self.probes += 1
+            e = self.table[s]
+            if e is None:
+                return -1
+            if e[0] == d:
+                return e[1]
+        return -1
+
+
+def assert_same(m: OffsetMap, model: ModelMap) -> None:
+    assert (m.slots, m.size, m.lookups, m.probes, m.latest_offset) == \
+        (model.slots, model.entries, model.lookups, model.probes, model.latest)
+
+
+def keys(n: int, prefix: bytes = b"key-") -> list[bytes]:
+    return [prefix + b"%d" % i for i in range(n)]
+
+
+# -- digests and the probe sequence -----------------------------------------------------------
+
+@pytest.mark.parametrize("key", [b"", b"a", b"abc", b"x" * 15, b"x" * 16, b"x" * 17, bytes(range(256))])
+def test_digest_is_murmur3_x64_128_of_the_key(key):
+    assert _core.murmur3_128(key) == mmh3.hash_bytes(key)
+
+
+def test_probe_counts_follow_the_model_while_a_small_map_fills():
+    # 13 slots filled to the last one: later keys collide, walk windows 1..12 and then probe
+    # linearly past attempt 12; the counters and every answer agree with the model.
+    slots = 13
+    m, model = OffsetMap(24 * slots), ModelMap(slots)
+    ks = keys(slots, b"fill-")
+    for i, k in enumerate(ks):
+        m.put(k, 100 + i)
+        model.put(k, 100 + i)
+        assert_same(m, model)
+    assert m.size == slots and m.utilization == 1.0
+    for i, k in enumerate(ks):
+        assert m.get(k) == model.get(k) == 100 + i
+        assert_same(m, model)
+    # Some key must have needed more than 13 attempts to fill the last free slot, otherwise this
+    # test never exercised the linear phase.
+    assert model.probes - model.lookups > 0
+
+
+def test_linear_phase_is_exercised_and_matches():
+    # A full map: an absent key is probed slots + 12 times (13 windows, then linear).
+    slots = 29
+    m, model = OffsetMap(24 * slots), ModelMap(slots)
+    for i, k in enumerate(keys(slots)):
+        m.put(k, i)
+        model.put(k, i)
+    for k in keys(40, b"absent-"):
+        before = m.probes
+        assert m.get(k) == model.get(k) == -1
+        assert m.probes - before == slots + 12
+    assert_same(m, model)
+
+
+@given(slots=st.integers(1, 40),
+       ops=st.lists(st.tuples(st.sampled_from(["put", "get"]), st.integers(0, 60),
+                              st.integers(0, 2 ** 40)), max_size=120))
+def test_random_operations_agree_with_the_model(slots, ops):
+    m, model = OffsetMap(24 * slots + 23), ModelMap(slots)   # spare bytes hold no extra slot
+    for op, k, off in ops:
+        key = b"k%d" % k
+        if op == "put":
+            try:
+                model.put(key, off)
+            except OverflowError:
+                with pytest.raises(OverflowError):
+                    m.put(key, off)
+            else:
+                m.put(key, off)
+        else:
+            assert m.get(key) == model.get(key)
+        assert_same(m, model)
+    if model.lookups:
+        assert m.collision_rate == pytest.approx((model.probes - model.lookups) / model.lookups)
+    assert m.utilization == pytest.approx(model.entries / slots)
+
+
+# A key whose last digest window (attempt 12) is 2^31 - 513: attempt 12 + 513 computes
+# Integer.MIN_VALUE, whose abs Kafka takes as 0 (found by a search over "min-probe-<i>").
+MIN_KEY = b"min-probe-1876049"
+MIN_K = 513
+
+
+def test_abs_of_integer_min_value_probes_slot_zero():
+    assert window(mmh3.hash_bytes(MIN_KEY), 12) == 2 ** 31 - MIN_K
+    # A slot count with no multiple between the window and 2^31 (so linear probing cannot reach
+    # slot 0 before the MIN_VALUE attempt) and with 2^31 mod slots != 0 (so the naive abs picks
+    # another slot).
+    slots = next(s for s in range(MIN_K + 2, 5000) if 2 ** 31 % s > MIN_K)
+    digest = mmh3.hash_bytes(MIN_KEY)
+    # Fill every slot except 0 with keys whose first probe is that slot: one probe each.
+    by_first: dict[int, bytes] = {}
+    i = 0
+    while len(by_first) < slots - 1:
+        k = b"filler-%d" % i
+        s = probe_slot(mmh3.hash_bytes(k), 0, slots)
+        if s != 0 and s not in by_first and mmh3.hash_bytes(k) != digest:
+            by_first[s] = k
+        i += 1
+    m, model, naive = OffsetMap(24 * slots), ModelMap(slots), ModelMap(slots, min_is_zero=False)
+    for s, k in sorted(by_first.items()):
+        m.put(k, s)
+        assert model.put(k, s) == s
+        naive.put(k, s)
+    assert_same(m, model)
+    assert all(probe_slot(digest, a, slots) != 0 for a in range(12 + MIN_K))
+    before = m.probes
+    m.put(MIN_KEY, 7)
+    assert model.put(MIN_KEY, 7) == 0
+    naive.put(MIN_KEY, 7)
+    assert model.probes - before == 12 + MIN_K + 1
+    assert naive.probes != model.probes       # the scenario tells the two rules apart
+    assert m.probes == model.probes
+    assert m.get(MIN_KEY) == 7 and m.size == slots
+
+
+# -- REF §7 #10-13 -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [10, 100, 1000, 5000])
+def test_put_get_round_trip(n):
+    """#10: memory = keys x 48 bytes (half full)."""
+    m = OffsetMap(n * 48)
+    assert m.slots == n * 2
+    ks = keys(n)
+    for i, k in enumerate(ks):
+        m.put(k, i)
+    assert m.size == n
+    assert all(m.get(k) == i for i, k in enumerate(ks))
+    assert all(m.get(k) == -1 for k in keys(n, b"other-"))
+    assert m.utilization == pytest.approx(0.5)
+
+
+def test_clear_forgets_everything():
+    """#11."""
+    m = OffsetMap(24 * 100)
+    ks = keys(60)
+    for i, k in enumerate(ks):
+        m.put(k, i + 1000)
+    m.clear()
+    assert (m.size, m.lookups, m.probes, m.latest_offset, m.utilization) == (0, 0, 0, -1, 0.0)
+    assert m.collision_rate == 0.0
+    assert all(m.get(k) == -1 for k in ks)
+    assert m.lookups == 60
+    # Reusable after a clear: the same probe counts as a fresh model.
+    model = ModelMap(100)
+    for k in ks:
+        model.get(k)
+    for i, k in enumerate(ks[:30]):
+        m.put(k, i)
+        model.put(k, i)
+    assert_same(m, model)
+
+
+def test_full_map():
+    """#12: a completely full map answers -1 for absent keys after a bounded probe, resolves
+    present ones, and refuses any put (Kafka requires entries < slots before looking)."""
+    slots = 50
+    m = OffsetMap(24 * slots)
+    ks = keys(slots)
+    for i, k in enumerate(ks):
+        m.put(k, i)
+    assert m.size == slots and m.utilization == 1.0
+    assert all(m.get(k) == i for i, k in enumerate(ks))
+    before = m.probes
+    assert m.get(b"not-there") == -1
+    assert m.probes - before == slots + 12
+    state = (m.size, m.lookups, m.probes, m.latest_offset)
+    with pytest.raises(OverflowError):
+        m.put(b"new-key", 99)
+    with pytest.raises(OverflowError):
+        m.put(ks[0], 99)
+    assert (m.size, m.lookups, m.probes, m.latest_offset) == state
+    assert m.get(ks[0]) == 0
+
+
+def test_latest_offset():
+    """#13: the offset of the last put (even a smaller one, even an overwrite), overridable."""
+    m = OffsetMap(24 * 10)
+    assert m.latest_offset == -1
+    m.put(b"a", 5)
+    assert m.latest_offset == 5
+    m.put(b"b", 3)
+    assert m.latest_offset == 3
+    m.put(b"a", 9)
+    assert m.latest_offset == 9 and m.get(b"a") == 9 and m.size == 2
+    m.update_latest_offset(1234)
+    assert m.latest_offset == 1234
+    m.put(b"c", 10)
+    assert m.latest_offset == 10
+    m.clear()
+    assert m.latest_offset == -1
+
+
+def test_counters_and_rates():
+    m = OffsetMap(24 * 7)
+    assert (m.slots, m.bytes_per_entry, m.max_desired_size) == (7, 24, int(7 * 0.9))
+    model = ModelMap(7)
+    for i, k in enumerate(keys(7)):
+        m.put(k, i)
+        model.put(k, i)
+    for k in keys(9, b"q"):
+        m.get(k)
+        model.get(k)
+    assert_same(m, model)
+    assert m.collision_rate == pytest.approx((model.probes - model.lookups) / model.lookups)
+    assert m.collision_rate > 0
+    assert len(m) == m.size == 7
+
+
+@pytest.mark.parametrize("memory,slots", [(24, 1), (47, 1), (48, 2), (24 * 1000 + 5, 1000)])
+def test_slots_from_memory(memory, slots):
+    m = OffsetMap(memory)
+    assert m.slots == slots and m.memory == memory
+
+
+@pytest.mark.parametrize("lf,desired", [(0.9, 90), (0.75, 75), (1.0, 100), (0.001, 0)])
+def test_max_desired_size(lf, desired):
+    assert OffsetMap(2400, load_factor=lf).max_desired_size == desired
+
+
+@pytest.mark.parametrize("memory,strategy", [(0, "offset"), (23, "offset"), (-24, "offset"),
+                                             (31, "timestamp"), (24, "header")])
+def test_memory_too_small(memory, strategy):
+    with pytest.raises(ValueError):
+        OffsetMap(memory, strategy=strategy, header_key="h" if strategy == "header" else None)
+
+
+@pytest.mark.parametrize("kw", [dict(load_factor=0.0), dict(load_factor=1.01),
+                                dict(load_factor=-0.5), dict(strategy="newest"),
+                                dict(strategy="header"), dict(strategy="header", header_key="")])
+def test_bad_arguments(kw):
+    with pytest.raises(ValueError):
+        OffsetMap(2400, **kw)
+
+
+# -- KIP-280 strategies ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["timestamp", "header"])
+def test_strategy_map_keeps_the_larger_value(strategy):
+    m = OffsetMap(32 * 10, strategy=strategy, header_key="v" if strategy == "header" else None)
+    assert (m.slots, m.bytes_per_entry, m.strategy) == (10, 32, strategy)
+    m.put(b"k", 1, 100)
+    m.put(b"k", 2, 50)             # smaller value: the entry stays
+    assert m.get(b"k") == 1
+    assert m.latest_offset == 2    # but the latest offset follows every put
+    m.put(b"k", 3, 100)            # tie: the later put wins
+    assert m.get(b"k") == 3
+    m.put(b"k", 4, 101)
+    assert m.get(b"k") == 4
+    m.put(b"k", 5, -(2 ** 63))     # "no header" loses to any value
+    assert m.get(b"k") == 4
+    assert m.size == 1
+
+
+@given(slots=st.integers(1, 12),
+       puts=st.lists(st.tuples(st.integers(0, 15), st.integers(-3, 3)), max_size=60))
+def test_strategy_map_agrees_with_the_model(slots, puts):
+    m, model = OffsetMap(32 * slots, strategy="timestamp"), ModelMap(slots, strategy=True)
+    for off, (k, value) in enumerate(puts):
+        key = b"k%d" % k
+        try:
+            model.put(key, off, value)
+        except OverflowError:
+            with pytest.raises(OverflowError):
+                m.put(key, off, value)
+        else:
+            m.put(key, off, value)
+        assert_same(m, model)
+    for k in range(16):
+        assert m.get(b"k%d" % k) == model.get(b"k%d" % k)
+    assert_same(m, model)
+
+
+def test_offset_map_ignores_values():
+    m = OffsetMap(24 * 4)
+    m.put(b"k", 1, 100)
+    m.put(b"k", 2, 5)
+    assert m.get(b"k") == 2
+
+
+def test_a_dedupe_buffer_holds_max_desired_keys():
+    # The default capacity arithmetic of REF §6.12 with 24-byte entries.
+    m = OffsetMap(134_217_728)
+    assert m.slots == 5_592_405
+    assert m.max_desired_size == math.floor(5_592_405 * 0.9) == 5_033_164
