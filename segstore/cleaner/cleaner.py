@@ -147,6 +147,10 @@ class Cleaner:
         log.info("Beginning cleaning of log %s", _name(lg))
         log.info("Building offset map for %s...", _name(lg))
         self.build_offset_map(lg, first_dirty, upper, stats)
+        if self.offset_map.latest_offset < first_dirty:
+            # Nothing dirty (a purge round): the clean section is rewritten with an empty map,
+            # which keeps every record but drops tombstones and markers past their horizon.
+            self.offset_map.update_latest_offset(first_dirty - 1)
         end_offset = self.offset_map.latest_offset + 1
         stats.map_complete_time = _wall_ms()
         stats.end_offset = end_offset

@@ -15,6 +15,7 @@ import bisect
 import logging
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -62,6 +63,63 @@ def last_stable_offset(lg) -> int:
     return lg.log_end_offset if lso is None else lso
 
 
+def tombstones_awaiting_horizon(segments, now: int) -> tuple:
+    """(tombstones, the latest delete horizon) of batches whose KIP-534 delete horizon is still
+    ahead of ``now``: what the next cleaning after that horizon will remove."""
+    from .. import _core
+    count, latest = 0, -1
+    for seg in segments:
+        if seg.size == 0:
+            continue
+        b = seg.scan(0).batches
+        waiting = b[((b["attributes"] & 0x40) != 0) & (b["base_timestamp"] > now)
+                    & (b["magic"] == 2)]
+        if not len(waiting):
+            continue
+        buf = seg.buffer(seg.size)
+        for pos, size, horizon in zip(waiting["position"], waiting["size"],
+                                      waiting["base_timestamp"]):
+            cols = _core.decode_columns(buf, int(pos), int(pos + size), validate_crc=False)
+            count += int((~cols.values.valid).sum())
+            latest = max(latest, int(horizon))
+    return count, latest
+
+
+_HORIZONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def earliest_delete_horizon(segments) -> Optional[int]:
+    """Smallest KIP-534 delete horizon of a batch that still holds a tombstone or is a control
+    batch, among the segments (None when there is none): when it passes, a cleaning would
+    remove something.
+
+    Cached per segment object (sealed segments never change; cleaning makes new objects), so a
+    selection pass reads each sealed segment once.
+    """
+    from .. import _core
+    best = None
+    for seg in segments:
+        if seg not in _HORIZONS:
+            h = None
+            if seg.size:
+                b = seg.scan(0).batches
+                marked = b[((b["attributes"] & 0x40) != 0) & (b["magic"] == 2)]
+                buf = seg.buffer(seg.size) if len(marked) else None
+                for pos, size, attrs, horizon in zip(marked["position"], marked["size"],
+                                                     marked["attributes"],
+                                                     marked["base_timestamp"]):
+                    if h is not None and horizon >= h:
+                        continue
+                    if attrs & 0x20 or (~_core.decode_columns(
+                            buf, int(pos), int(pos + size), validate_crc=False).values.valid).any():
+                        h = int(horizon)
+            _HORIZONS[seg] = h
+        h = _HORIZONS[seg]
+        if h is not None and (best is None or h < best):
+            best = h
+    return best
+
+
 @dataclass
 class LogToClean:
     """A candidate log with its cleanable range and dirty ratio (Kafka's LogToClean)."""
@@ -74,6 +132,7 @@ class LogToClean:
     cleanable_bytes: int
     compaction_delay_ms: int = 0
     forced: bool = False
+    purge_due: bool = False          # tombstones/markers in the clean section passed their horizon
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -238,10 +297,14 @@ class LogCleanerManager:
                             if c.cleanable_ratio > c.log.config.min_cleanable_dirty_ratio
                             and not (c.need_compaction_now and c.cleanable_bytes > 0)),
                            key=lambda c: -c.cleanable_ratio)
+            # Beyond Kafka: a quiet log whose tombstones passed their delete horizon is cleaned
+            # too, so they do not linger until new data makes it dirty again (KAFKA-8522).
+            chosen_ids = {id(c) for c in overdue + dirty}
+            purge = [c for c in candidates if id(c) not in chosen_ids and self._purge_due(c, now)]
             pre.cleanable_partitions = len(overdue) + len(dirty)
             pre.overdue = [c.topic_partition for c in overdue]
             self.last_pre_clean_stats = pre
-            chosen = (overdue + dirty)[:1]
+            chosen = (overdue + dirty + purge)[:1]
             if not chosen:
                 return None
             self._states[chosen[0].topic_partition] = IN_PROGRESS
@@ -265,11 +328,20 @@ class LogCleanerManager:
             ltc = self.log_to_clean(lg, self.all_cleaner_checkpoints().get(tp), now)
             eligible = ((ltc.need_compaction_now and ltc.cleanable_bytes > 0)
                         or ltc.cleanable_ratio > lg.config.min_cleanable_dirty_ratio)
-            if ltc.cleanable_bytes == 0 or not (eligible or force):
+            if not (eligible and ltc.cleanable_bytes > 0) and not self._purge_due(ltc, now) \
+                    and not (force and ltc.cleanable_bytes > 0):
                 return None
             ltc.forced = force and not eligible
             self._states[tp] = IN_PROGRESS
             return ltc
+
+    @staticmethod
+    def _purge_due(ltc: LogToClean, now: int) -> bool:
+        clean = [s for s in segments_in_range(ltc.log.segments, 0, ltc.first_dirty_offset)
+                 if s.base_offset < ltc.first_dirty_offset]
+        h = earliest_delete_horizon(clean)
+        ltc.purge_due = h is not None and h <= now
+        return ltc.purge_due
 
     def deletable_logs(self) -> list:
         """Compacted logs that are in no state and not uncleanable, marked InProgress for a
@@ -432,6 +504,7 @@ class LogCleanerManager:
         else:
             reason = (f"dirty ratio {ratio:.3f} <= min.cleanable.dirty.ratio "
                       f"{cfg.min_cleanable_dirty_ratio}")
+        tombstones, horizon = tombstones_awaiting_horizon(segs, now)
         return {
             "topic": topic, "partition": partition, "segments": len(segs),
             "size_bytes": sum(s.size for s in segs), "log_start_offset": lg.log_start_offset,
@@ -441,5 +514,6 @@ class LogCleanerManager:
             "min_cleanable_ratio": cfg.min_cleanable_dirty_ratio,
             "compaction_delay_ms": delay, "max_compaction_lag_ms": cfg.max_compaction_lag_ms,
             "eligible": bool(eligible), "reason": reason, "uncleanable": unclean,
-            "state": state,
+            "state": state, "tombstones_awaiting_horizon": tombstones,
+            "latest_delete_horizon_ms": horizon,
         }
