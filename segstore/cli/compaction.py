@@ -579,9 +579,10 @@ def _compact_dry_run(args, topics) -> int:
     for e in plan:
         name = f"{e['topic']}-{e['partition']}"
         if e["would_clean"]:
+            why = e["reason"] if e["eligible"] else "--force"
             print(f"would clean {name}: dirty section [{e['first_dirty_offset']}, "
-                  f"{e['first_uncleanable_offset']}), {_n(e['cleanable_bytes'])} dirty bytes, "
-                  f"dirty ratio {_fmt_ratio(e['dirty_ratio'])} ({e['reason']})")
+                  f"{e['first_uncleanable_offset']}), {_n(e['cleanable_bytes'])} dirty bytes "
+                  f"({why})")
         else:
             print(f"would skip {name}: {e['reason']}")
     cleaned = sum(e["would_clean"] for e in plan)
