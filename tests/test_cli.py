@@ -726,20 +726,35 @@ def test_recover_truncates_torn_tail(capsys, store):
     assert run(capsys, "verify", "--path", store)[0] == 0
 
 
-def test_recover_full_rebuilds_a_damaged_sealed_index(capsys, store):
+def test_recover_rebuilds_a_damaged_sealed_index_and_says_so(capsys, store):
     idx = store / "t-0" / "00000000000000000000.index"
     raw = bytearray(idx.read_bytes())
     raw[0:8] = struct.pack(">ii", 99, 5)  # out of order: the load-time check rejects it
     idx.write_bytes(raw)
+    rc, out, _ = run(capsys, "recover", "--path", store)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[1] == (f"  rebuilding the indexes of {store}/t-0/00000000000000000000.log: index "
+                        f"{idx}: entry 1 of 2 is out of order (a zero-padded or untrimmed file, "
+                        "or damage)")
+    assert lines[-1].endswith(": 1 repaired")
+    assert struct.unpack_from(">ii", idx.read_bytes(), 0) != (99, 5)
+    assert run(capsys, "verify", "--path", store)[0] == 0
+
+
+def test_recover_full_reads_every_segment(capsys, store):
     rc, out, _ = run(capsys, "recover", "--path", store, "--full", "--json")
     assert rc == 0
     doc = json.loads(out)
-    p0 = doc["partitions"][0]
-    assert doc["full"] is True and p0["topic"] == "t" and p0["truncated_bytes"] == 0
-    assert p0["recovered_segments"] == 4  # every segment, from the start
-    assert any("00000000000000000000" in n for n in p0["notes"]) or \
-        idx.read_bytes() != bytes(raw)
-    assert run(capsys, "verify", "--path", store)[0] == 0
+    assert doc["full"] is True
+    p0, p1 = doc["partitions"]
+    assert (p0["topic"], p0["partition"], p0["recovered_segments"], p0["truncated_bytes"],
+            p0["deleted_segments"], p0["log_end_offset"]) == ("t", 0, 4, 0, [], 20)
+    assert p1["recovered_segments"] == 1
+    assert not os.path.exists(store / "recovery-point-offset-checkpoint.tmp")
+    # Without --full only the segments above the recovery point are read again.
+    rc, out, _ = run(capsys, "recover", "--path", store, "--json")
+    assert json.loads(out)["partitions"][0]["recovered_segments"] == 1
 
 
 def test_retention_dry_run_changes_nothing_then_deletes(capsys, store):

@@ -91,7 +91,7 @@ class _StderrLogHandler(logging.Handler):
         if self.muted:
             return
         try:
-            print(f"segstore: {record.levelname.lower()}: {record.getMessage()}",
+            print(f"segstore: {record.levelname.lower()}: {record.getMessage().strip()}",
                   file=sys.stderr)
         except Exception:  # logging must never break the command
             pass

@@ -410,7 +410,8 @@ def _dump_log(path: str, opts: _Options, findings: _Findings, bar) -> None:
                     findings.add(findings.problems, path,
                                  f"offsets do not increase: the batch at position {position} "
                                  f"starts at {first} after offset {prev_batch_last}")
-                prev_batch_last = max(int(b["last_offset"]), prev_batch_last or -1)
+                prev_batch_last = max(int(b["last_offset"]),
+                                      -1 if prev_batch_last is None else prev_batch_last)
                 if opts.deep:
                     last_offset = _dump_records(path, buf, b, fields, opts, findings, last_offset)
                 bar.advance(int(b["size"]))

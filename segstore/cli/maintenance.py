@@ -191,7 +191,7 @@ def run_recover(args) -> int:
     for m in unattributed:
         print(f"note: {m}")
     scope = "every segment" if args.full else "segments above the recovery point"
-    print(f"recovery of {len(report)} partitions ({scope}): "
+    print(f"recovery of {len(report)} partition{'' if len(report) == 1 else 's'} ({scope}): "
           + (f"{repaired} repaired" if repaired else "nothing to repair"))
     return 0
 
