@@ -585,6 +585,31 @@ def test_dump_log_json(capsys, store):
 
 # -- log-dirs, configs, topics ----------------------------------------------------------------
 
+def test_log_dirs_and_topics_over_a_kafka_log_dir(capsys, tmp_path):
+    """A Kafka broker's log dir (no segstore metadata) opens: every <topic>-<n> directory is a
+    partition."""
+    root = tmp_path / "kafka-logs"
+    for p in (0, 1):
+        d = root / f"orders-{p}"
+        d.mkdir(parents=True)
+        b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                      producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                      batch_size=1 << 20)
+        b.append(0, timestamp=TS, key=b"k", value=b"v" * (p + 1), headers=[])
+        (d / "00000000000000000000.log").write_bytes(bytes(b.build()))
+        (d / "leader-epoch-checkpoint").write_text("0\n0\n")
+    before = snapshot(root)
+    rc, out, _ = run(capsys, "log-dirs", "--describe", "--path", root)
+    parts = json.loads(out)["brokers"][0]["logDirs"][0]["partitions"]
+    assert [(x["partition"], x["size"]) for x in parts] == [
+        ("orders-0", os.path.getsize(root / "orders-0" / "00000000000000000000.log")),
+        ("orders-1", os.path.getsize(root / "orders-1" / "00000000000000000000.log"))]
+    rc, out, _ = run(capsys, "topics", "--list", "--path", root)
+    assert out == "orders\n"
+    assert run(capsys, "verify", "--path", root)[0] == 0
+    assert snapshot(root) == before  # read-only commands leave a broker's files alone
+
+
 def test_log_dirs_json_shape(capsys, store):
     rc, out, err = run(capsys, "log-dirs", "--describe", "--path", store)
     assert (rc, err) == (0, "")
@@ -828,6 +853,20 @@ def test_plan_cleaner_caps_a_thread_at_2_gib(capsys):
     assert doc["slots_per_thread"] == (2**31 - 1) // 24
 
 
+def test_plan_cleaner_takes_defaults_from_store_config(capsys):
+    rc, out, _ = run(capsys, "plan-cleaner", "--unique-keys", 1000, "--json",
+                     "--store-config", "log.cleaner.threads=4",
+                     "--store-config", "log.cleaner.dedupe.buffer.size=96000,"
+                                       "log.cleaner.io.buffer.load.factor=0.5")
+    doc = json.loads(out)
+    # 96,000 / 4 threads = 24,000 bytes = 1,000 slots; x 0.5 = 500 keys a round: 2 rounds.
+    assert (doc["threads"], doc["buffer_per_thread"], doc["slots_per_thread"],
+            doc["keys_per_round"], doc["rounds_worst"]) == (4, 24_000, 1_000, 500, 2)
+    rc, _, err = run(capsys, "plan-cleaner", "--unique-keys", 10, "--store-config",
+                     "log.cleaner.thread=2")
+    assert rc == 1 and "Unknown configuration 'log.cleaner.thread'" in err
+
+
 def test_plan_cleaner_from_store_counts_distinct_keys(capsys, tmp_path):
     root = tmp_path / "s"
     with segstore.open(str(root)) as st:
@@ -974,6 +1013,17 @@ def test_progress_draws_on_a_terminal_only():
     with Progress(200, "verify", stream=piped) as bar:
         bar.advance(200)
     assert piped.getvalue() == ""
+
+
+def test_long_commands_draw_the_bar_on_a_terminal(store, monkeypatch):
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(["verify", "--path", str(store)]) == 0
+    assert "\rverify [" in tty.getvalue() and "100%" in tty.getvalue()
+    tty.seek(0)
+    tty.truncate()
+    assert main(["verify", "--path", str(store), "--no-progress"]) == 0
+    assert tty.getvalue() == ""
 
 
 def test_commands_stay_quiet_when_piped(capsys, store):
