@@ -48,7 +48,8 @@ def doc_blocks(path: str) -> list:
 
 
 def _docs() -> list:
-    paths = [os.path.join(REPO, "README.md")] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
+    paths = [os.path.join(REPO, "README.md")]
+    paths += sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
     params = []
     for p in paths:
         if not any(lang in ("python", "console", "output") for lang, _, _ in doc_blocks(p)):

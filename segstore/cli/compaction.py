@@ -416,7 +416,9 @@ def tombstones_awaiting(log, now_ms: int) -> dict:
         if not seg.size:
             continue
         b = seg.scan(0, seg.size, raise_on_corrupt=False).batches
-        stamped = b[(b["magic"] == 2) & ((b["attributes"] & 0x40) != 0) & ((b["attributes"] & 0x20) == 0)]
+        attrs = b["attributes"]
+        # Data batches (not transaction markers) stamped with a horizon (attribute bit 6).
+        stamped = b[(b["magic"] == 2) & ((attrs & 0x40) != 0) & ((attrs & 0x20) == 0)]
         if not len(stamped):
             continue
         buf = seg.buffer(seg.size)
@@ -478,7 +480,8 @@ def describe_text(info: dict, now_ms: int) -> list:
     ratio, min_ratio = c["dirty_ratio"], c["min_cleanable_ratio"]
     cmp = ">" if ratio is not None and min_ratio is not None and ratio > min_ratio else "<="
     lines += [
-        f"  clean bytes {_n(c['clean_bytes'])}, dirty (cleanable) bytes {_n(c['cleanable_bytes'])}, "
+        f"  clean bytes {_n(c['clean_bytes'])}, dirty (cleanable) bytes "
+        f"{_n(c['cleanable_bytes'])}, "
         f"dirty ratio {_fmt_ratio(ratio)} {cmp} min.cleanable.dirty.ratio {min_ratio}",
         f"  first dirty offset {c['first_dirty_offset']}, first uncleanable offset "
         f"{c['first_uncleanable_offset']}",

@@ -1,16 +1,16 @@
 """``segstore dump-log``: Kafka's ``kafka-dump-log.sh`` (DumpLogSegments) over segment files.
 
 Kafka's flags, Kafka's line formats and field order (ECO §6.1), over ``.log``, ``.index``,
-``.timeindex`` and ``.txnindex`` files written by segstore or by a Kafka broker. segstore adds
-``--key-decoder/--value-decoder`` (string, hex, base64, int, long, none), ``--json`` (one object per
-line) and ``--fail-on-error`` (exit 1 on CRC, index, offset-order or trailing-byte problems: Kafka
-always exits 0). A directory in ``--files`` stands for its ``.log`` files.
+``.timeindex``, ``.txnindex`` and ``.snapshot`` files written by segstore or by a Kafka broker.
+segstore adds ``--key-decoder/--value-decoder`` (string, hex, base64, int, long, none),
+``--json`` (one object per line) and ``--fail-on-error`` (exit 1 on CRC, index, offset-order or
+trailing-byte problems: Kafka always exits 0). A directory in ``--files`` stands for its ``.log``
+files.
 
-Producer snapshots (``.snapshot``) are dumped too. Differences from Kafka, each deliberate: an
-offset-index entry is a mismatch only when the batch at its position does not hold its offset
-(Kafka's tool also flags an entry that names a non-last offset of its batch, which Kafka's own
-multi-batch appends write); corrupt data ends that file's dump with a message instead of a stack
-trace.
+Differences from Kafka, each deliberate: an offset-index entry is a mismatch only when the batch
+at its position does not hold its offset (Kafka's tool also flags an entry that names a non-last
+offset of its batch, which Kafka's own multi-batch appends write); corrupt data ends that file's
+dump with a message instead of a stack trace.
 """
 
 from __future__ import annotations
@@ -405,7 +405,8 @@ def _dump_log(path: str, opts: _Options, findings: _Findings, bar) -> None:
                 if not crc_ok:
                     findings.add(findings.problems, path,
                                  f"CRC mismatch in the batch at position {position}")
-                first = int(b["base_offset"]) if int(b["base_offset"]) >= 0 else int(b["last_offset"])
+                # A compressed legacy wrapper does not say its first offset (-1): use its last.
+                first = int(b["base_offset"]) if b["base_offset"] >= 0 else int(b["last_offset"])
                 if prev_batch_last is not None and first <= prev_batch_last:
                     findings.add(findings.problems, path,
                                  f"offsets do not increase: the batch at position {position} "
@@ -515,7 +516,8 @@ def _record_text(rec: dict, skip_metadata: bool) -> str:
         else:
             line += f" isValid: {_b(rec['isValid'])} crc: {rec['crc']}"
         if "endTxnMarker" in rec:
-            line += f" endTxnMarker: {rec['endTxnMarker']} coordinatorEpoch: {rec['coordinatorEpoch']}"
+            line += (f" endTxnMarker: {rec['endTxnMarker']} "
+                     f"coordinatorEpoch: {rec['coordinatorEpoch']}")
         elif "controlType" in rec:
             line += f" controlType: {rec['controlType']}"
         prefix = " "
@@ -587,7 +589,8 @@ def _dump_index(path: str, opts: _Options, findings: _Findings) -> None:
                        opts, findings)
         return
     if not os.path.exists(log_path):
-        findings.add(findings.problems, path, f"no log file {log_path} to check the entries against")
+        findings.add(findings.problems, path,
+                     f"no log file {log_path} to check the entries against")
         log = None
     else:
         log = _Mapped(log_path)
@@ -642,7 +645,8 @@ def _dump_time_index(path: str, opts: _Options, findings: _Findings) -> None:
         return
     log_path = _sibling(path, ".log")
     if not os.path.exists(log_path):
-        findings.add(findings.problems, path, f"no log file {log_path} to check the entries against")
+        findings.add(findings.problems, path,
+                     f"no log file {log_path} to check the entries against")
         log = None
     else:
         log = _Mapped(log_path)
