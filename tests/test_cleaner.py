@@ -1,0 +1,558 @@
+"""The log cleaner: one round of Kafka's Cleaner (REF §6.4-§6.13), ported from REF §7 #31-33,
+#37-46 and #48-50 (Kafka's LogCleanerTest), plus KIP-534 horizons, every codec, the summary text
+and the dedupe-buffer advice.
+
+Two ways in, as in Kafka's tests: ``store.compact`` (the whole round through the manager), and
+``segstore.cleaner.Cleaner`` built directly around an ``OffsetMap`` so a test can hand the
+filter a map of its own (keys mapped to a huge offset are removed wherever they are, as with
+Kafka's FakeOffsetMap). Expectations come from what the test appended and from ``struct`` /
+kafka-python / aiokafka parses of the ``.log`` files; time moves only through a FakeClock.
+
+Where a Kafka test does not apply to segstore it says so next to the port.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import crc32c
+import pytest
+from aiokafka.record.memory_records import MemoryRecords as AioMemoryRecords
+from kafka.record.memory_records import MemoryRecords as KpMemoryRecords
+
+import segstore
+from conftest import FakeClock, batch_spans, legacy_message, legacy_wrapper, v2_header
+from segstore import TopicPartition, _core
+from segstore.cleaner import Cleaner, CleanerStats, PreCleanStats, Throttler, group_segments_by_size
+from segstore.cleaner.transactions import CleanedTransactionMetadata
+from segstore.errors import CleaningAbortedError, CorruptRecordError, InvalidTopicError
+
+T0 = 1_700_000_000_000
+INT_MAX = 2 ** 31 - 1
+HUGE = 2 ** 62
+MB = 1024 * 1024
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TP = TopicPartition("t", 0)
+ATTR_DELETE_HORIZON = 0x40
+
+
+# -- fixtures and helpers ----------------------------------------------------------------------
+
+@pytest.fixture
+def clock():
+    return FakeClock(T0)
+
+
+@pytest.fixture
+def root(tmp_path):
+    return str(tmp_path / "store")
+
+
+def open_store(root, clock, **cfg):
+    """A store whose cleaner maps stay small (a 128 MiB map is zeroed every round)."""
+    conf = {"log.cleaner.dedupe.buffer.size": 24 * 4096}
+    conf.update({k.replace("_", "."): v for k, v in cfg.items()})
+    return segstore.open(root, config=conf, clock=clock)
+
+
+def compacted_topic(store, name="t", partitions=1, **cfg):
+    conf = {"cleanup.policy": "compact", "segment.bytes": 1024, "min.cleanable.dirty.ratio": 0.0,
+            "delete.retention.ms": 1000}
+    conf.update({k.replace("_", "."): v for k, v in cfg.items()})
+    store.create_topic(name, partitions, config=conf)
+    return store.partition(name, 0)
+
+
+def kv(i) -> bytes:
+    return b"%d" % i
+
+
+def records(lg) -> list[tuple]:
+    """(offset, key, value) of every record from the log start."""
+    return [(r.offset, r.key, r.value) for r in lg.iter_records()]
+
+
+def offsets(lg) -> list[int]:
+    return [r.offset for r in lg.iter_records()]
+
+
+def keys_in_log(lg) -> list[bytes]:
+    """Keys of records with a value (Kafka's keysInLog)."""
+    return [r.key for r in lg.iter_records() if r.value is not None]
+
+
+def live_keys(recs) -> set:
+    """Keys whose last record in ``recs`` has a value (a plain replay)."""
+    last = {}
+    for _, k, v in recs:
+        last[k] = v
+    return {k for k, v in last.items() if v is not None}
+
+
+def read_file(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def segment_batches(seg) -> list[dict]:
+    """The v2 headers of a segment file, parsed with struct alone."""
+    data = read_file(seg.log_path)
+    out = []
+    for pos, size in batch_spans(data):
+        h = v2_header(data, pos)
+        h["position"], h["size"] = pos, size
+        h["bytes"] = data[pos:pos + size]
+        out.append(h)
+    return out
+
+
+def all_batches(lg) -> list[dict]:
+    return [b for seg in lg.segments for b in segment_batches(seg)]
+
+
+def last_offsets(lg) -> list[int]:
+    return [b["base_offset"] + b["last_offset_delta"] for b in all_batches(lg)]
+
+
+def crc_ok(batch: bytes) -> bool:
+    return struct.unpack_from(">I", batch, 17)[0] == crc32c.crc32c(batch[21:])
+
+
+def kp_parse(data: bytes) -> list[tuple]:
+    """Every batch of ``data`` through kafka-python: (base, last, crc ok, [(offset, ts, key,
+    value, headers)])."""
+    out, mr = [], KpMemoryRecords(data)
+    while mr.has_next():
+        b = mr.next_batch()
+        out.append((b.base_offset, b.last_offset, b.validate_crc(),
+                    [(r.offset, r.timestamp, r.key, r.value, [tuple(h) for h in r.headers])
+                     for r in b]))
+    return out
+
+
+def make_cleaner(clock, slots=4096, load_factor=0.9, check_done=None, strategy="offset",
+                 io_buffer=1 << 20):
+    omap = _core.OffsetMap(24 * slots if strategy == "offset" else 32 * slots, load_factor,
+                           strategy)
+    return Cleaner(0, omap, io_buffer, Throttler(float("inf")), clock, check_done=check_done)
+
+
+def fake_map_cleaner(clock, keys, check_done=None):
+    """A cleaner whose map says every key in ``keys`` was written at a huge offset (Kafka's
+    FakeOffsetMap with Long.MaxValue): those keys go wherever they are, the rest stay."""
+    cleaner = make_cleaner(clock, slots=max(2 * len(keys), 16), check_done=check_done)
+    for k in keys:
+        cleaner.offset_map.put(k, HUGE)
+    return cleaner
+
+
+def clean_group(cleaner, lg, group, now, upper, delete_retention_ms=None):
+    """Kafka's cleanSegments: filter ``group`` with the cleaner's current map and swap it in.
+    Returns the filter's counters."""
+    dr = lg.config.delete_retention_ms if delete_retention_ms is None else delete_retention_ms
+    filt = _core.BatchFilter(cleaner.offset_map, now, dr, upper)
+    cleaner.clean_segments(lg, list(group), filt, CleanedTransactionMetadata(), now, -1, upper,
+                           lg.truncations, CleanerStats())
+    return filt.stats
+
+
+def log_to_clean(store, lg, first_dirty, now):
+    """The manager's LogToClean for ``lg`` with the given first dirty offset."""
+    return store.cleaner_manager.log_to_clean(lg, first_dirty, now)
+
+
+def fill_segments(lg, n, value=lambda off: kv(off), key=lambda off: kv(off), ts=None):
+    """Append one record per batch (key and value from the offset) until ``n`` segments."""
+    while len(lg.segments) < n:
+        off = lg.log_end_offset
+        lg.append_batch([value(off)], keys=[key(off)],
+                        timestamps_ms=None if ts is None else [ts(off)])
+
+
+def cleaned_files(directory) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if ".cleaned" in n or ".swap" in n)
+
+
+def write_partition(root, clock, segments, topic_cfg=None, **store_cfg):
+    """Create topic ``t`` and replace its partition directory by hand-written segment files:
+    ``segments`` maps base offset -> bytes of the .log file (empty index files are written so
+    the loader keeps the data as is). Returns the reopened store."""
+    st = open_store(root, clock, **store_cfg)
+    compacted_topic(st, **(topic_cfg or {}))
+    pdir = st.partition("t", 0).directory
+    st.close()
+    for name in os.listdir(pdir):
+        os.remove(os.path.join(pdir, name))
+    for base, data in segments.items():
+        with open(os.path.join(pdir, "%020d.log" % base), "wb") as f:
+            f.write(data)
+        for suffix in (".index", ".timeindex"):
+            open(os.path.join(pdir, "%020d%s" % (base, suffix)), "wb").close()
+    return open_store(root, clock, **store_cfg)
+
+
+def v2(offset_keys_values, ts=T0, base=None, compression=0):
+    """One v2 batch holding (offset, key, value) records (offsets may have gaps)."""
+    offs = [o for o, _, _ in offset_keys_values]
+    base = offs[0] if base is None else base
+    return bytes(_core.encode_batch([v for _, _, v in offset_keys_values],
+                                    [k for _, k, _ in offset_keys_values],
+                                    timestamps_ms=[ts] * len(offs), base_offset=base,
+                                    offset_deltas=[o - base for o in offs],
+                                    compression=compression))
+
+
+# -- #31 cleaning segments with a given map ----------------------------------------------------
+
+def test_clean_segments_removes_exactly_the_mapped_keys(root, clock):
+    """#31: keys mapped at a huge offset are removed from the three cleaned segments; bytes
+    read = the three source segments' sizes; the fourth segment is not touched."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    fill_segments(lg, 4)
+    assert keys_in_log(lg) == [kv(i) for i in range(lg.log_end_offset)]
+    removed = [kv(k) for k in (1, 3, 5, 7, 9)]
+    cleaner = fake_map_cleaner(clock, removed)
+    group = lg.segments[:3]
+    expected_read = sum(s.size for s in group)
+    upper = group[-1].read_next_offset()
+    kept_batches = [b["bytes"] for s in group for b in segment_batches(s)
+                    if kv(b["base_offset"]) not in removed]
+    fourth = read_file(lg.segments[3].log_path)
+    should_remain = [k for k in keys_in_log(lg) if k not in removed]
+
+    f = clean_group(cleaner, lg, group, T0, upper)
+
+    assert keys_in_log(lg) == should_remain
+    assert f["bytes_read"] == expected_read
+    assert f["messages_read"] == upper
+    assert f["messages_written"] == upper - len(removed)
+    # One cleaned segment in place of three; its batches are the survivors' bytes, verbatim.
+    assert len(lg.segments) == 2
+    assert read_file(lg.segments[0].log_path) == b"".join(kept_batches)
+    assert f["bytes_written"] == len(b"".join(kept_batches))
+    assert read_file(lg.segments[1].log_path) == fourth
+    assert cleaned_files(lg.directory) == []
+
+
+# -- #32 retention racing with the swap ---------------------------------------------------------
+
+def test_retention_deleting_segments_during_the_swap(root, clock):
+    """#32: segments deleted by retention just before replace_segments are renamed .deleted
+    exactly once, and the swap does not fail."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, cleanup_policy="compact,delete", file_delete_delay_ms=60_000)
+    while len(lg.segments) < 3:
+        lg.append_batch([kv(lg.log_end_offset)], keys=[b"0"])
+        lg.roll()
+    group = list(lg.segments[:-1])
+    group_names = [os.path.basename(s.log_path) for s in group]
+    active_base = lg.segments[-1].base_offset
+    real_replace = lg.replace_segments
+
+    def replace_with_retention_first(new, old, **kw):
+        lg.delete_records(active_base)      # Kafka: maybeIncrementLogStartOffset + ...
+        report = st.enforce_retention()     # ... deleteOldSegments
+        assert len(report.partitions[TP].deleted) == len(group)
+        real_replace(new, old, **kw)
+    lg.replace_segments = replace_with_retention_first
+
+    cleaner = make_cleaner(clock)
+    stats = CleanerStats()
+    cleaner.build_offset_map(lg, 0, active_base, stats)
+    clean_group(cleaner, lg, group, T0, group[-1].read_next_offset())
+
+    names = os.listdir(lg.directory)
+    assert not any(n.endswith(".deleted.deleted") for n in names)
+    for name in group_names:
+        assert names.count(name + ".deleted") == 1
+    assert lg.log_start_offset == active_base
+    assert records(lg) == []
+    lg.append_batch([b"x"], keys=[b"0"])
+    assert records(lg) == [(active_base, b"0", b"x")]
+
+
+# -- #33 preallocated segments --------------------------------------------------------------------
+
+def test_cleaned_segment_of_a_preallocated_topic_is_trimmed(root, clock):
+    """#33."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, preallocate=True, segment_bytes=1 << 20)
+    lg.append_batch([b"x"], keys=[b"x"])
+    lg.roll()     # the store's first segment is not preallocated; rolled ones are
+    for k in (0, 1, 0, 1, 0):
+        lg.append_batch([kv(k)], keys=[kv(k)])
+    assert os.path.getsize(lg.segments[-1].log_path) == 1 << 20   # preallocated
+    lg.roll()
+    st.compact("t", 0, force=True)
+    cleaned = lg.segments[0]
+    assert len(lg.segments) == 2 and cleaned.base_offset == 0
+    assert os.path.getsize(cleaned.log_path) == cleaned.size < 1 << 20
+    assert offsets(lg) == [0, 4, 5]
+
+
+# -- #37 large batches, buffer growth and corrupt segments -----------------------------------------
+
+def test_batches_larger_than_the_io_buffer_and_max_message_bytes(root, clock, caplog):
+    """#37 (KAFKA-4019, KAFKA-6834): batches bigger than the cleaner's chunk (at least 4 MiB
+    here: segstore's floor) grow the buffers, and still clean after the topic's
+    max.message.bytes is lowered below them."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, segment_bytes=64 * MB, max_message_bytes=16 * MB)
+    big = 5 * MB
+    lg.append_batch([b"a" * big], keys=[b"k0"])
+    lg.append_batch([b"b" * big, b"c" * big], keys=[b"k1", b"k0"])
+    lg.append_batch([b"d"], keys=[b"k2"])
+    lg.roll()
+    st.alter_topic_config("t", set={"max.message.bytes": 1000})
+    with caplog.at_level(logging.INFO, logger="segstore.cleaner"):
+        stats = st.compact("t", 0, force=True)
+    assert [(o, k, len(v)) for o, k, v in records(lg)] == [(1, b"k1", big), (2, b"k0", big),
+                                                          (3, b"k2", 1)]
+    assert {v[:1] for _, _, v in records(lg)} == {b"b", b"c", b"d"}
+    assert stats[0].messages_read == 4 and stats[0].messages_written == 3
+    assert any(r.getMessage().startswith("Growing cleaner I/O buffers") for r in caplog.records)
+
+
+def corrupt_setup(root, clock):
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    fill_segments(lg, 3, key=lambda off: kv(off % 3))
+    return st, lg
+
+
+@pytest.mark.parametrize("damage", ["magic", "size"])
+def test_corrupt_segment_raises_corrupt_record_error(root, clock, damage):
+    """#37: a corrupted magic byte, or a batch size running past the end of the segment, raises
+    CorruptRecordError; no .cleaned file is left and the log is unchanged."""
+    st, lg = corrupt_setup(root, clock)
+    seg = lg.segments[0]
+    spans = batch_spans(read_file(seg.log_path))
+    pos, size = spans[-1]
+    with open(seg.log_path, "r+b") as f:
+        if damage == "magic":
+            f.seek(pos + 16)
+            f.write(b"\xff")
+        else:
+            f.seek(pos + 8)
+            f.write(struct.pack(">i", size - 12 + 1000))
+    before = [read_file(s.log_path) for s in lg.segments]
+    cleaner = fake_map_cleaner(clock, [kv(0)])
+    with pytest.raises(CorruptRecordError):
+        clean_group(cleaner, lg, [seg], T0, seg.read_next_offset())
+    assert cleaned_files(lg.directory) == []
+    assert [read_file(s.log_path) for s in lg.segments] == before
+    # Through the store: the round fails and the partition is quarantined, not the store.
+    with pytest.raises(CorruptRecordError):
+        st.compact("t", 0, force=True)
+    assert TP in st.cleaner_manager.uncleanable
+    assert cleaned_files(lg.directory) == []
+    assert [read_file(s.log_path) for s in lg.segments] == before
+    assert st.metrics()["uncleanable-partitions-count"] == 1
+
+
+# -- #38 tombstones and the KIP-534 delete horizon ---------------------------------------------------
+
+def roll_with_filler(lg, clock, key=b"filler"):
+    """New dirty data, so that the store has something to clean in the next round."""
+    lg.append_batch([b"f%d" % lg.log_end_offset], keys=[key])
+    lg.roll()
+
+
+def test_tombstone_needs_two_passes(root, clock):
+    """KIP-534: the first cleaning that keeps a tombstone stamps its batch (attribute bit 6,
+    baseTimestamp = now + delete.retention.ms, record deltas re-encoded so absolute timestamps
+    stay); cleanings before that horizon keep it; the first one at/after it drops it. The
+    tombstone's own record timestamp, far older than any horizon, does not matter."""
+    dr = 10_000
+    st = open_store(root, clock)
+    lg = compacted_topic(st, delete_retention_ms=dr)
+    old_ts = T0 - 10 * 86_400_000
+    lg.append_batch([b"v0"], keys=[b"k0"], timestamps_ms=[T0 - 5])
+    lg.append_batch([b"v1"], keys=[b"k1"], timestamps_ms=[T0 - 4])
+    lg.append_batch([None], keys=[b"k0"], timestamps_ms=[old_ts])
+    lg.roll()
+    k1_batch = all_batches(lg)[1]["bytes"]
+
+    st.compact("t", 0, force=True)
+    assert records(lg) == [(1, b"k1", b"v1"), (2, b"k0", None)]
+    b = all_batches(lg)
+    assert b[0]["bytes"] == k1_batch                       # untouched: copied verbatim
+    tomb = b[1]
+    assert tomb["attributes"] & ATTR_DELETE_HORIZON
+    assert tomb["base_timestamp"] == T0 + dr
+    assert tomb["max_timestamp"] == old_ts
+    assert (tomb["base_offset"], tomb["last_offset_delta"], tomb["records_count"]) == (2, 0, 1)
+    assert crc_ok(tomb["bytes"])
+    parsed = kp_parse(read_file(lg.segments[0].log_path))
+    assert parsed[1] == (2, 2, True, [(2, old_ts, b"k0", None, [])])
+
+    clock.now = T0 + dr - 1
+    roll_with_filler(lg, clock)
+    st.compact("t", 0, force=True)
+    assert (2, b"k0", None) in records(lg)
+    assert all_batches(lg)[1]["bytes"] == tomb["bytes"]     # same horizon, not re-stamped
+
+    clock.now = T0 + dr
+    roll_with_filler(lg, clock)
+    st.compact("t", 0, force=True)
+    assert [k for _, k, _ in records(lg)] == [b"k1", b"filler"]
+
+
+def test_tombstone_with_an_old_timestamp_is_retained_on_the_first_pass(root, clock):
+    """#38, Kafka's testCleanTombstone: a record with a future timestamp, then a tombstone with
+    a timestamp older than delete.retention.ms: the tombstone survives cleanings at the same
+    time (its horizon is wall-clock based)."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, delete_retention_ms=86_400_000)
+    lg.append_batch([b"0"], keys=[b"0"], timestamps_ms=[T0 + 86_400_000 + 10_000])
+    lg.roll()
+    st.compact("t", 0, force=True)
+    lg.append_batch([None], keys=[b"0"], timestamps_ms=[T0 - 86_400_000 - 10_000])
+    lg.roll()
+    st.compact("t", 0, force=True)
+    assert last_offsets(lg)[0] == 1 and records(lg) == [(1, b"0", None)]
+    lg.append_batch([b"1"], keys=[b"1"])
+    lg.roll()
+    st.compact("t", 0, force=True)
+    assert last_offsets(lg)[0] == 1 and records(lg)[0] == (1, b"0", None)
+
+
+def test_cleaning_with_deletes(root, clock):
+    """#38, Kafka's testCleaningWithDeletes (with KIP-534's two passes): after cleaning no
+    deleted key has a value; after the horizon no tombstone is left either."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, delete_retention_ms=1000)
+    fill_segments(lg, 2)
+    leo = lg.log_end_offset
+    for k in range(0, leo, 2):
+        lg.append_batch([None], keys=[kv(k)])
+    fill_segments(lg, 4)
+    deleted = {kv(k) for k in range(0, leo, 2)}
+    original = records(lg)
+    st.compact("t", 0, force=True)
+    recs = records(lg)
+    assert not deleted & {k for _, k, v in recs if v is not None}
+    assert {k for _, k, v in recs if v is None} == deleted
+    clock.advance(1000)
+    roll_with_filler(lg, clock)
+    st.compact("t", 0, force=True)
+    assert not deleted & {k for _, k, _ in records(lg)}
+    assert sorted(keys_in_log(lg)) == sorted(live_keys(original) | {b"filler"})
+
+
+def test_rebuilt_batch_keeps_offsets_timestamps_and_producer_fields(root, clock):
+    """A batch with a removed record, a kept value and a kept tombstone is rebuilt: same base
+    offset and lastOffsetDelta (even though its last record went), the horizon stamped, every
+    absolute timestamp unchanged, maxTimestamp recomputed, a fresh valid CRC."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, delete_retention_ms=5000)
+    lg.append_batch([b"a", None, b"c", b"d"], keys=[b"k0", b"k1", b"k2", b"k3"],
+                    timestamps_ms=[T0 - 300, T0 - 100, T0 - 200, T0 - 50],
+                    headers=[[("h", b"1")], [], [("h", b"3"), ("i", None)], []])
+    lg.append_batch([b"d2"], keys=[b"k3"], timestamps_ms=[T0 - 400])
+    lg.roll()
+    st.compact("t", 0, force=True)
+    b = all_batches(lg)[0]
+    assert (b["base_offset"], b["last_offset_delta"], b["records_count"]) == (0, 3, 3)
+    assert (b["producer_id"], b["producer_epoch"], b["base_sequence"]) == (-1, -1, -1)
+    assert b["partition_leader_epoch"] == 0
+    assert b["attributes"] == ATTR_DELETE_HORIZON and b["base_timestamp"] == T0 + 5000
+    assert b["max_timestamp"] == T0 - 100          # k3's T0 - 50 went with its record
+    assert crc_ok(b["bytes"])
+    parsed = kp_parse(read_file(lg.segments[0].log_path))
+    assert parsed[0][3] == [(0, T0 - 300, b"k0", b"a", [("h", b"1")]),
+                            (1, T0 - 100, b"k1", None, []),
+                            (2, T0 - 200, b"k2", b"c", [("h", b"3"), ("i", None)])]
+    assert parsed[1][3] == [(4, T0 - 400, b"k3", b"d2", [])]
+
+
+def test_log_append_time_batches_keep_their_append_time(root, clock):
+    st = open_store(root, clock)
+    lg = compacted_topic(st, message_timestamp_type="LogAppendTime")
+    lg.append_batch([b"a", b"b", b"c"], keys=[b"k0", b"k1", b"k2"], timestamps_ms=[1, 2, 3])
+    clock.advance(10)
+    lg.append_batch([b"b2"], keys=[b"k1"])
+    lg.roll()
+    before = all_batches(lg)[0]
+    st.compact("t", 0, force=True)
+    b = all_batches(lg)[0]
+    assert b["attributes"] & 0x08 and b["records_count"] == 2
+    assert b["max_timestamp"] == before["max_timestamp"] == T0
+    assert [(r.offset, r.timestamp, r.timestamp_type) for r in lg.iter_records()] == \
+        [(0, T0, 1), (2, T0, 1), (3, T0 + 10, 1)]
+
+
+# -- #39 stats ----------------------------------------------------------------------------------
+
+def test_cleaner_stats(root, clock):
+    """#39, Kafka's testLogCleanerStats: a 4-slot map at load factor 0.75 holds 3 keys."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    for k in (0, 1, 0, 1, 0):
+        lg.append_batch([kv(k)], keys=[kv(k)])
+    lg.roll()
+    initial = lg.size_bytes
+    cleaner = make_cleaner(clock, slots=4, load_factor=0.75)
+    end, stats = cleaner.clean(log_to_clean(st, lg, 2, T0), T0)
+    assert end == 5 == stats.end_offset
+    assert stats.first_dirty_offset == 2
+    assert stats.messages_read == 5
+    assert stats.bytes_read == initial
+    assert stats.messages_written == 2
+    assert stats.bytes_written == lg.size_bytes
+    assert stats.invalid_messages_read == 0
+    assert stats.end_time >= stats.map_complete_time >= stats.start_time
+    assert stats.buffer_utilization == pytest.approx(2 / 4)
+    assert not stats.map_full and stats.wanted_buffer_bytes is None
+    assert (stats.segments_cleaned, stats.segments_written) == (1, 1)
+    assert offsets(lg) == [3, 4]
+
+
+def test_keyless_records_are_removed_and_counted(root, clock, caplog):
+    """#39, Kafka's testCleaningWithUnkeyedMessages (the log gets keyless records while its
+    policy is delete, then becomes compacted)."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, cleanup_policy="delete")
+    while len(lg.segments) < 2:
+        lg.append_batch([kv(lg.log_end_offset)], keys=None)
+    n_keyless = lg.log_end_offset
+    size_keyless = lg.size_bytes
+    fill_segments(lg, 3)
+    expected_size = lg.size_bytes - size_keyless
+    st.alter_topic_config("t", set={"cleanup.policy": "compact"})
+    with caplog.at_level(logging.INFO, logger="segstore.cleaner"):
+        [stats] = st.compact("t", 0, force=True)
+    assert all(k is not None for _, k, _ in records(lg))
+    assert lg.size_bytes == expected_size
+    assert stats.invalid_messages_read == n_keyless
+    assert f"\tFound {n_keyless} invalid messages during compaction." in \
+        [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_stats_of_a_store_round(root, clock):
+    st = open_store(root, clock, log_cleaner_dedupe_buffer_size=24 * 100)
+    lg = compacted_topic(st, segment_bytes=300)
+    for i in range(30):
+        lg.append_batch([b"v%d" % i], keys=[kv(i % 6)])
+    lg.roll()
+    sizes = [s.size for s in lg.segments]
+    [stats] = st.compact("t", 0)
+    assert (stats.topic, stats.partition, stats.thread_id) == ("t", 0, -1)
+    assert (stats.first_dirty_offset, stats.end_offset) == (0, 30)
+    assert stats.map_messages_read == 30 and stats.map_bytes_read == sum(sizes)
+    assert stats.messages_read == 30 and stats.messages_written == 6
+    assert stats.bytes_read == sum(sizes)
+    assert stats.bytes_written == lg.size_bytes
+    assert stats.buffer_utilization == pytest.approx(6 / 100)
+    assert stats.segments_cleaned == len(sizes) - 1 and not stats.forced   # not the active one
+    assert st.cleaner_manager.all_cleaner_checkpoints() == {TP: 30}
+    d = stats.as_dict()
+    assert d["messages_written"] == 6 and "elapsed_secs" in d
