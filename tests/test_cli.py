@@ -8,6 +8,7 @@ comes from kafka-python's builders; the plan-cleaner numbers are worked out by h
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import os
@@ -20,13 +21,27 @@ import crc32c
 import pytest
 
 import segstore
-from conftest import batch_spans, fix_crc, legacy_message, v2_header
 from segstore.cli import main
 from segstore.cli._common import Progress
 from segstore.config import TOPIC_CONFIG_KEYS
 from segstore.records import ControlRecordType
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
+
+
+def _shared_helpers():
+    # tests/spark/conftest.py is also imported as "conftest", and whichever pytest collected
+    # last wins `from conftest import ...`; load this directory's helpers by path instead.
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py")
+    spec = importlib.util.spec_from_file_location("_segstore_test_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_helpers = _shared_helpers()
+batch_spans, fix_crc = _helpers.batch_spans, _helpers.fix_crc
+legacy_message, v2_header = _helpers.legacy_message, _helpers.v2_header
 
 TS = 1_700_000_000_000
 KAFKA_BATCH_FIELDS = ["baseOffset", "lastOffset", "count", "baseSequence", "lastSequence",
