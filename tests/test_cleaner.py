@@ -556,3 +556,273 @@ def test_stats_of_a_store_round(root, clock):
     assert st.cleaner_manager.all_cleaner_checkpoints() == {TP: 30}
     d = stats.as_dict()
     assert d["messages_written"] == 6 and "elapsed_secs" in d
+
+
+# -- #40 partial cleaning with a tiny map -------------------------------------------------------------
+
+def test_partial_segment_clean_makes_progress(root, clock):
+    """#40, Kafka's testPartialSegmentClean: a 2-slot map at load factor 0.75 maps one key per
+    round, and every round still removes something."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    for k in (0, 1, 0, 1, 0):
+        lg.append_batch([kv(k)], keys=[kv(k)])
+    lg.roll()
+    cleaner = make_cleaner(clock, slots=2, load_factor=0.75)
+    assert cleaner.offset_map.max_desired_size == 1
+
+    end, stats = cleaner.clean(log_to_clean(st, lg, 2, T0), T0)
+    assert stats.map_full and end == 3
+    assert keys_in_log(lg) == [b"1", b"0", b"1", b"0"] and offsets(lg) == [1, 2, 3, 4]
+    end, _ = cleaner.clean(log_to_clean(st, lg, 3, T0), T0)
+    assert end == 4
+    assert keys_in_log(lg) == [b"0", b"1", b"0"] and offsets(lg) == [2, 3, 4]
+    end, stats = cleaner.clean(log_to_clean(st, lg, 4, T0), T0)
+    assert end == 5 and not stats.map_full
+    assert keys_in_log(lg) == [b"1", b"0"] and offsets(lg) == [3, 4]
+
+
+def test_store_compact_runs_rounds_until_the_dirty_section_is_done(root, clock):
+    """#40 through the store: with one key per round, compact() keeps cleaning; every round's
+    end offset is beyond the previous one, and the result is the latest record per key."""
+    st = open_store(root, clock, log_cleaner_dedupe_buffer_size=48,
+                    log_cleaner_io_buffer_load_factor=0.75)
+    lg = compacted_topic(st, segment_bytes=400)
+    ks = [0, 1, 2, 0, 3, 1, 4, 4, 2, 0, 5, 3]
+    for i, k in enumerate(ks):
+        lg.append_batch([b"v%d" % i], keys=[kv(k)])
+    lg.roll()
+    original = records(lg)
+    rounds = st.compact("t", 0)
+    ends = [s.end_offset for s in rounds]
+    assert len(rounds) > 3
+    assert ends == sorted(set(ends)) and ends[-1] == len(ks)
+    assert all(s.map_full for s in rounds[:-1]) and not rounds[-1].map_full
+    assert all(s.buffer_utilization == 0.5 for s in rounds)
+    last = {k: o for o, k, _ in original}
+    assert records(lg) == [r for r in original if last[r[1]] == r[0]]
+    assert st.cleaner_manager.all_cleaner_checkpoints() == {TP: len(ks)}
+
+
+def test_build_partial_offset_map(root, clock):
+    """#46, Kafka's testBuildPartialOffsetMap: a 3-slot map at 0.75 holds two keys; mapping
+    from offset 2 stops when the third would go in (records read from the segment start
+    count)."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    for k in range(5):
+        lg.append_batch([kv(k)], keys=[kv(k)])
+    lg.roll()
+    cleaner = make_cleaner(clock, slots=3, load_factor=0.75)
+    stats = CleanerStats()
+    cleaner.build_offset_map(lg, 2, INT_MAX, stats)
+    m = cleaner.offset_map
+    assert m.size == 2 and stats.map_full
+    assert [m.get(kv(k)) for k in range(5)] == [-1, -1, 2, 3, -1]
+    assert m.latest_offset == 3
+    assert stats.map_messages_read == 4
+
+
+# -- #41 the uncleanable section -------------------------------------------------------------------------
+
+def test_segments_after_the_first_uncleanable_offset_are_untouched(root, clock):
+    """#41: segments at or after the first uncleanable offset (here: newer than
+    min.compaction.lag.ms) keep their files byte for byte; the older ones are cleaned."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, min_compaction_lag_ms=60_000, segment_bytes=1000)
+    n = 10
+    old = True
+    while len(lg.segments) < 7:
+        if len(lg.segments) == 4 and old:
+            old = False
+        off = lg.log_end_offset
+        lg.append_batch([kv(off)], keys=[kv(off % n)],
+                        timestamps_ms=[T0 - 3_600_000 if old else T0])
+    segs = lg.segments
+    young = [s for s in segs if s.largest_timestamp > T0 - 60_000]
+    first_young = young[0].base_offset
+    assert young[0] is segs[3]
+    files = {s.base_offset: {sfx: read_file(s.log_path[:-4] + sfx)
+                             for sfx in (".log", ".index", ".timeindex")}
+             for s in segs[3:-1]}
+    for s in segs[:3]:     # every old segment holds duplicate keys
+        assert len(seg_records(s)) > len({r[1] for r in seg_records(s)})
+    [stats] = st.compact("t", 0, force=True)
+    assert stats.end_offset == first_young
+    assert st.cleaner_manager.all_cleaner_checkpoints() == {TP: first_young}
+    for s in lg.segments:
+        if s.base_offset in files:
+            assert {sfx: read_file(s.log_path[:-4] + sfx) for sfx in files[s.base_offset]} == \
+                files[s.base_offset]
+    assert sorted(files) == [s.base_offset for s in lg.segments
+                             if first_young <= s.base_offset < lg.segments[-1].base_offset]
+    cleaned = [r for s in lg.segments if s.base_offset < first_young for r in seg_records(s)]
+    assert len({r[1] for r in cleaned}) == len(cleaned) <= n
+
+
+def seg_records(seg) -> list[tuple]:
+    """(offset, key, value) of one segment file, through kafka-python."""
+    return [(o, k, v) for _, _, _, recs in kp_parse(read_file(seg.log_path))
+            for o, _, k, v, _ in recs]
+
+
+# -- #42 LogToClean ------------------------------------------------------------------------------------
+
+def one_record_segments(lg, n, ts=lambda i: T0):
+    for i in range(n):
+        lg.append_batch([bytes(25)], keys=[b"1"], timestamps_ms=[ts(i)])
+        lg.roll()
+
+
+def test_log_to_clean_total_bytes_exclude_the_active_segment(root, clock):
+    """#42, Kafka's testLogToClean."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, segment_bytes=100)
+    one_record_segments(lg, 6)
+    lg.append_batch([bytes(25)], keys=[b"1"])
+    active = lg.segments[-1]
+    ltc = log_to_clean(st, lg, active.base_offset, T0)
+    assert ltc.total_bytes == lg.size_bytes - active.size
+    assert ltc.cleanable_bytes == 0 and ltc.cleanable_ratio == 0.0
+
+
+def test_log_to_clean_with_an_uncleanable_section(root, clock):
+    """#42, Kafka's testLogToCleanWithUncleanableSection: segments 0-1 clean, 2-3 cleanable,
+    4-5 uncleanable (younger than min.compaction.lag.ms)."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, segment_bytes=100, min_compaction_lag_ms=60_000)
+    one_record_segments(lg, 6, ts=lambda i: T0 - 3_600_000 if i < 4 else T0)
+    segs = lg.segments
+    ltc = log_to_clean(st, lg, segs[2].base_offset, T0)
+    clean = segs[0].size + segs[1].size
+    cleanable = segs[2].size + segs[3].size
+    assert ltc.first_dirty_offset == segs[2].base_offset
+    assert ltc.first_uncleanable_offset == segs[4].base_offset
+    assert (ltc.clean_bytes, ltc.cleanable_bytes, ltc.total_bytes) == \
+        (clean, cleanable, clean + cleanable)
+    assert ltc.cleanable_ratio == pytest.approx(cleanable / (clean + cleanable))
+
+
+# -- #43 aborts ------------------------------------------------------------------------------------------
+
+def abort_log(root, clock):
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    fill_segments(lg, 4, key=lambda off: kv(off % 7))
+    return st, lg
+
+
+def count_check_done_calls(root, clock) -> int:
+    st, lg = abort_log(root, clock)
+    calls = []
+    cleaner = fake_map_cleaner(clock, [kv(k) for k in range(7)], check_done=calls.append)
+    group = lg.segments[:3]
+    clean_group(cleaner, lg, group, T0, group[-1].read_next_offset())
+    st.close()
+    return len(calls)
+
+
+@pytest.mark.parametrize("abort_at", ["first", "second", "last"])
+def test_abort_during_clean_segments_leaves_no_cleaned_files(tmp_path, clock, abort_at):
+    """#43: an abort signalled through check_done while a group is filtered (or just before its
+    swap) raises CleaningAbortedError, removes the .cleaned files and leaves the log as it
+    was."""
+    total = count_check_done_calls(str(tmp_path / "dry"), FakeClock(T0))
+    target = {"first": 1, "second": 2, "last": total}[abort_at]
+    assert total >= 3
+    st, lg = abort_log(str(tmp_path / "store"), clock)
+    calls = []
+
+    def check_done(tp):
+        calls.append(tp)
+        if len(calls) == target:
+            raise CleaningAbortedError("aborted by the test")
+    cleaner = fake_map_cleaner(clock, [kv(k) for k in range(7)], check_done=check_done)
+    before = records(lg)
+    files = {n: read_file(os.path.join(lg.directory, n)) for n in os.listdir(lg.directory)
+             if n.endswith(".log")}
+    group = lg.segments[:3]
+    with pytest.raises(CleaningAbortedError):
+        clean_group(cleaner, lg, group, T0, group[-1].read_next_offset())
+    assert calls == [TP] * target
+    assert cleaned_files(lg.directory) == []
+    assert records(lg) == before
+    assert {n: read_file(os.path.join(lg.directory, n)) for n in os.listdir(lg.directory)
+            if n.endswith(".log")} == files
+
+
+def test_truncation_during_cleaning_aborts_the_swap(root, clock):
+    """A truncation while a group is being filtered: the swap refuses (CleaningAbortedError),
+    no .cleaned file is left and the log holds exactly the truncated contents."""
+    st, lg = abort_log(root, clock)
+    cut = lg.segments[1].base_offset + 1
+    done = []
+
+    def truncate_once(tp):
+        if not done:
+            done.append(1)
+            lg.truncate_to(cut)
+    cleaner = fake_map_cleaner(clock, [kv(k) for k in range(7)], check_done=truncate_once)
+    group = lg.segments[:2]
+    before = records(lg)
+    with pytest.raises(CleaningAbortedError):
+        clean_group(cleaner, lg, group, T0, group[-1].read_next_offset())
+    assert cleaned_files(lg.directory) == []
+    assert records(lg) == [r for r in before if r[0] < cut]
+
+
+# -- #44 the round's last offset survives -----------------------------------------------------------
+
+def test_last_batch_of_the_round_is_retained_empty(root, clock):
+    """#44, Kafka's testCleanSegmentsRetainingLastEmptyBatch: when every record of the cleaned
+    segments goes, the batch ending at the round's upper bound stays as a 61-byte header."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    fill_segments(lg, 4)
+    keys = keys_in_log(lg)
+    assert keys == [kv(i) for i in range(lg.log_end_offset)]
+    group = lg.segments[:3]
+    last_original = segment_batches(group[-1])[-1]
+    upper = group[-1].read_next_offset()
+    clean_group(fake_map_cleaner(clock, keys), lg, group, T0, upper)
+    assert len(lg.segments) == 2
+    [b] = segment_batches(lg.segments[0])
+    assert b["base_offset"] + b["last_offset_delta"] == lg.segments[1].base_offset - 1
+    assert (b["base_offset"], b["last_offset_delta"]) == \
+        (last_original["base_offset"], last_original["last_offset_delta"])
+    assert (b["size"], b["records_count"], b["base_timestamp"]) == (61, 0, -1)
+    assert b["max_timestamp"] == last_original["max_timestamp"]
+    assert b["attributes"] == 0 and crc_ok(b["bytes"])
+    assert kp_parse(b["bytes"]) == [(b["base_offset"], b["base_offset"], True, [])]
+
+
+def test_no_empty_batch_when_the_upper_bound_lies_beyond(root, clock):
+    """#44's counterpart (testCleanSegmentsNotRetainingLastEmptyBatch)."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    fill_segments(lg, 4)
+    keys = keys_in_log(lg)
+    group = lg.segments[:3]
+    clean_group(fake_map_cleaner(clock, keys), lg, group, T0, lg.log_end_offset)
+    assert len(lg.segments) == 2
+    assert lg.segments[0].size == 0
+
+
+def test_store_round_keeps_the_last_offset_of_keyless_data(root, clock):
+    """#44 through the store: the last batch before the active segment holds only keyless
+    records; it stays as an empty header, so the offsets up to the log end are still there
+    after a reopen."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    lg.append_batch([b"a", b"b"], keys=[b"k", b"k"])
+    lg.append_batch([b"x", b"y", b"z"], keys=None)
+    lg.roll()
+    st.compact("t", 0, force=True)
+    b = all_batches(lg)
+    assert [(x["base_offset"], x["last_offset_delta"], x["records_count"]) for x in b] == \
+        [(0, 1, 1), (2, 2, 0)]
+    assert records(lg) == [(1, b"k", b"b")]
+    st.close()
+    st = open_store(root, clock)
+    lg = st.partition("t", 0)
+    assert lg.log_end_offset == 5 and records(lg) == [(1, b"k", b"b")]
