@@ -59,7 +59,7 @@ class SegstoreDataSource(DataSource):
 
     def writer(self, schema, overwrite: bool):
         """An exactly-once batch writer (``mode("append")``; overwrite is refused)."""
-        from .writer import SegstoreWriter, check_input_schema
+        from .writer import SegstoreWriter, check_input_schema, check_topic
 
         if overwrite:
             raise InvalidOptionError(
@@ -67,15 +67,19 @@ class SegstoreDataSource(DataSource):
                 "Use mode('append'); to replace a topic's contents, delete and recreate the "
                 "topic with segstore first")
         opts = WriteOptions.parse(self.options, streaming=False)
-        return SegstoreWriter(opts, check_input_schema(schema, opts))
+        layout = check_input_schema(schema, opts)
+        check_topic(opts)
+        return SegstoreWriter(opts, layout)
 
     def streamWriter(self, schema, overwrite: bool):
         """A streaming writer that commits each micro-batch exactly once, even on replay."""
-        from .writer import check_input_schema, make_stream_writer
+        from .writer import check_input_schema, check_topic, make_stream_writer
 
         if overwrite:
             raise InvalidOptionError(
                 "output mode 'complete' is not supported: a segstore topic is an append-only "
                 "log; use outputMode('append') or 'update'")
         opts = WriteOptions.parse(self.options, streaming=True)
-        return make_stream_writer(opts, check_input_schema(schema, opts))
+        layout = check_input_schema(schema, opts)
+        check_topic(opts)
+        return make_stream_writer(opts, layout)

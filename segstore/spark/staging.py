@@ -182,7 +182,7 @@ def publish(store, root: str, job: str, messages: list, *,
         for tp, files in sorted(by_tp.items()):
             lg = store.partition(*tp)
             first = lg.log_end_offset
-            for j, f in sorted(files, key=lambda jf: (jf[0], jf[1].name)):
+            for j, f in files:  # in message order: Spark lists tasks by partition id
                 _append_file(lg, os.path.join(job_dir(root, j), f.name), f.records)
             lg.flush()
             done[tp] = (first, lg.log_end_offset)

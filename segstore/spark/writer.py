@@ -68,6 +68,13 @@ def check_input_schema(schema, opts: WriteOptions) -> InputLayout:
                        topic=None if opts.topic is not None else topic, partition=partition)
 
 
+def check_topic(opts: WriteOptions) -> None:
+    """With the ``topic`` option, fail at planning (not in every task) if it does not exist."""
+    if opts.topic is not None:
+        with stores.readonly(opts.path) as store:
+            topic_info(store, opts.topic)
+
+
 def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches) -> StagedCommitMessage:
     """One task's share of a write: route, encode and stage every input batch."""
     tag = task_tag()

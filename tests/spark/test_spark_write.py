@@ -1,0 +1,260 @@
+"""Batch writes through Spark: column combinations, Kafka's partitioner, all-or-nothing commits.
+
+Partition choices are checked against kafka-python's murmur2 (an independent implementation of
+Kafka's default partitioner); what lands is read back with segstore's record reader.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from kafka.partitioner.default import murmur2
+from pyspark.sql import functions as F
+
+import segstore
+from segstore import _core
+from segstore.errors import CorruptRecordError
+from segstore.spark import staging
+from segstore.spark.encode import BatchRouter, InputLayout, TopicInfo
+from sparkcheck import end_offsets, records
+
+PARTS = 4
+
+
+def kafka_partition(key: bytes, n: int) -> int:
+    return (murmur2(key) & 0x7FFFFFFF) % n
+
+
+def staged(root) -> list:
+    """Every file left under the store's staging directory."""
+    base = os.path.join(root, ".staging")
+    return [os.path.join(d, n) for d, _, names in os.walk(base) for n in names]
+
+
+@pytest.fixture
+def root(tmp_path):
+    path = str(tmp_path / "store")
+    with segstore.open(path) as store:
+        store.create_topic("t", PARTS)
+        store.create_topic("u", 2)
+        store.create_topic("h", 1)
+    return path
+
+
+def frame(spark, n=200):
+    return spark.range(n).select(
+        F.concat(F.lit("user-"), F.col("id").cast("string")).alias("key"),
+        F.concat(F.lit("value-"), F.col("id").cast("string")).cast("binary").alias("value"))
+
+
+def save(df, root, **options):
+    writer = df.write.format("segstore").mode("append")
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    writer.save(root)
+
+
+def test_keyed_records_land_where_kafkas_partitioner_puts_them(spark, root):
+    save(frame(spark), root, topic="t")
+    got = records(root, "t")
+    assert len(got) == 200
+    assert sorted(v for _, _, v, _ in got) == sorted(b"value-%d" % i for i in range(200))
+    for p, key, value, _ in got:
+        assert p == kafka_partition(key, PARTS)
+        assert value == b"value-" + key[len(b"user-"):]
+    assert len({p for p, *_ in got}) == PARTS
+
+
+def test_value_only_string_values_and_null_values(spark, root):
+    df = spark.createDataFrame([("a",), (None,), ("c",)], "value string")
+    save(df.coalesce(1), root, topic="h")
+    assert [v for _, _, v, _ in records(root, "h")] == [b"a", None, b"c"]
+
+
+def test_null_keys_stick_to_one_partition_per_batch(spark, root):
+    df = spark.range(50).select(F.col("id").cast("string").alias("value"))
+    save(df.coalesce(1), root, topic="t")
+    got = records(root, "t")
+    assert len(got) == 50
+    assert len({p for p, *_ in got}) == 1  # one input batch: Kafka's sticky choice
+    assert all(k is None for _, k, _, _ in got)
+
+
+def test_topic_and_partition_columns_and_topic_option_override(spark, root):
+    df = spark.createDataFrame(
+        [("t", 3, "k1", "a"), ("u", None, "k2", "b"), ("t", None, "k3", "c"), ("u", 0, None, "d")],
+        "topic string, partition int, key string, value string")
+    save(df, root)
+    assert sorted(records(root, "t")) == sorted([(3, b"k1", b"a", []),
+                                                 (kafka_partition(b"k3", PARTS), b"k3", b"c", [])])
+    assert sorted(records(root, "u")) == sorted([(kafka_partition(b"k2", 2), b"k2", b"b", []),
+                                                 (0, None, b"d", [])])
+    # The topic option wins over the column, as in Kafka's sink.
+    save(df.where("partition IS NULL"), root, topic="h")
+    assert sorted(v for _, _, v, _ in records(root, "h")) == [b"b", b"c"]
+
+
+def test_headers_column(spark, root):
+    df = spark.createDataFrame(
+        [("k", "v1", [("a", b"1"), ("b", None)]), ("k", "v2", None)],
+        "key string, value string, headers array<struct<key:string,value:binary>>")
+    save(df.coalesce(1), root, topic="h")
+    assert records(root, "h") == [(0, b"k", b"v1", [("a", b"1"), ("b", None)]),
+                                  (0, b"k", b"v2", [])]
+
+
+def test_extra_columns_are_ignored_and_binary_keys_work(spark, root):
+    df = spark.createDataFrame([(b"\x00\xff", b"x", 42)], "key binary, value binary, extra int")
+    save(df, root, topic="t")
+    assert records(root, "t") == [(kafka_partition(b"\x00\xff", PARTS), b"\x00\xff", b"x", [])]
+
+
+@pytest.mark.parametrize("ddl, row, fragment", [
+    ("key string", ("k",), "required attribute 'value'"),
+    ("value int", (1,), "value attribute type must be a string or binary"),
+    ("value string, key int", ("v", 1), "key attribute type"),
+    ("value string, partition long", ("v", 1), "partition attribute type must be an int"),
+    ("value string, headers array<string>", ("v", ["x"]), "headers attribute type"),
+])
+def test_bad_input_columns(spark, root, ddl, row, fragment):
+    with pytest.raises(Exception, match=fragment):
+        save(spark.createDataFrame([row], ddl), root, topic="t")
+    assert end_offsets(root, "t") == {p: 0 for p in range(PARTS)}
+
+
+def test_topic_required_unknown_topic_and_bad_partition(spark, root):
+    df = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(Exception, match="topic option required"):
+        save(df, root)
+    with pytest.raises(Exception, match="'nope' does not exist"):
+        save(df, root, topic="nope")
+    with pytest.raises(Exception, match="partition 9 does not exist"):
+        save(spark.createDataFrame([("v", 9)], "value string, partition int"), root, topic="t")
+    assert end_offsets(root, "t") == {p: 0 for p in range(PARTS)}
+    assert staged(root) == []
+
+
+def test_save_modes(spark, root):
+    df = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(Exception, match="UNSUPPORTED_DATA_SOURCE_SAVE_MODE"):
+        df.write.format("segstore").option("topic", "t").save(root)  # Spark's ErrorIfExists
+    with pytest.raises(Exception, match="overwrite.*not supported"):
+        df.write.format("segstore").mode("overwrite").option("topic", "t").save(root)
+    assert end_offsets(root, "t") == {p: 0 for p in range(PARTS)}
+
+
+def test_a_failed_task_leaves_every_partition_unchanged(spark, root):
+    save(frame(spark, 40), root, topic="t")
+    before = end_offsets(root, "t")
+
+    @F.udf("string")
+    def fail_on(key):
+        if key == "user-150":
+            raise ValueError("task failure on purpose")
+        return key
+
+    df = frame(spark, 200).repartition(4).withColumn("key", fail_on("key"))
+    with pytest.raises(Exception, match="task failure on purpose"):
+        save(df, root, topic="t")
+    assert end_offsets(root, "t") == before
+    assert staged(root) == []
+
+
+def test_commit_waits_for_the_writer_lock_then_gives_up_cleanly(spark, root):
+    df = spark.createDataFrame([("v",)], "value string")
+    with segstore.open(root):  # this process holds the writer lock
+        with pytest.raises(Exception, match="lockTimeoutMs"):
+            save(df, root, topic="h", lockTimeoutMs="300")
+    assert end_offsets(root, "h") == {0: 0}
+    assert staged(root) == []
+    save(df, root, topic="h")
+    assert end_offsets(root, "h") == {0: 1}
+
+
+# -- the commit protocol without Spark --------------------------------------------------------
+
+def stage(root, job, topic, partition, values):
+    """Stage one file as a task would; its commit message."""
+    stager = staging.Stager(root, job, staging.task_tag())
+    stager.add(topic, partition, _core.encode_batch(values), len(values))
+    return staging.StagedCommitMessage(job=job, task=stager.task, files=stager.finish())
+
+
+def test_publish_appends_staged_files_and_cleans_up(root):
+    msgs = [stage(root, "j1", "t", 0, [b"a", b"b"]), stage(root, "j1", "t", 2, [b"c"]),
+            stage(root, "j1", "t", 0, [b"d"])]
+    with segstore.open(root) as store:
+        store.partition("t", 0).append(b"existing")
+        done = staging.publish(store, root, "j1", msgs)
+    assert {(tp.partition, rng) for tp, rng in done.items()} == {(0, (1, 4)), (2, (0, 1))}
+    assert [v for _, _, v, _ in records(root, "t")] == [b"existing", b"a", b"b", b"d", b"c"]
+    assert not os.path.exists(staging.job_dir(root, "j1"))
+
+
+def test_publish_rolls_back_every_partition_when_one_append_fails(root):
+    good = stage(root, "j2", "t", 0, [b"a", b"b"])
+    bad = stage(root, "j2", "t", 1, [b"c"])
+    path = os.path.join(staging.job_dir(root, "j2"), bad.files[0].name)
+    with open(path, "r+b") as f:  # flip a payload byte: the CRC check at append must fail
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    with segstore.open(root) as store:
+        with pytest.raises(CorruptRecordError):
+            staging.publish(store, root, "j2", [good, bad])
+        assert [store.partition("t", p).log_end_offset for p in range(PARTS)] == [0] * PARTS
+    assert not os.path.exists(os.path.join(staging.job_dir(root, "j2"), staging.MANIFEST))
+
+
+def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch):
+    first = stage(root, "dead", "t", 0, [b"x1", b"x2"])
+    second = stage(root, "dead", "t", 1, [b"y"])
+    calls = []
+    real = staging._append_file
+
+    def crash_on_second(lg, path, n):
+        calls.append(path)
+        if len(calls) == 2:
+            raise SystemExit("the committing process died here")  # skips the rollback path
+        return real(lg, path, n)
+
+    monkeypatch.setattr(staging, "_append_file", crash_on_second)
+    monkeypatch.setattr(staging, "_roll_back", lambda store, manifest: [])  # died: no rollback
+    with segstore.open(root) as store:
+        with pytest.raises(SystemExit):
+            staging.publish(store, root, "dead", [first, second])
+    monkeypatch.undo()
+    with open(os.path.join(staging.job_dir(root, "dead"), staging.MANIFEST), "w") as f:
+        # The crash also lost the manifest removal: recreate what publish had written.
+        import json
+        json.dump({"job": "dead", "partitions": {
+            "t-0": {"topic": "t", "partition": 0, "before": 0, "records": 2},
+            "t-1": {"topic": "t", "partition": 1, "before": 0, "records": 1}}}, f)
+    assert end_offsets(root, "t")[0] == 2  # half a commit is visible until recovery
+    later = stage(root, "next", "t", 3, [b"z"])
+    with segstore.open(root) as store:
+        staging.publish(store, root, "next", [later])
+    assert end_offsets(root, "t") == {0: 0, 1: 0, 2: 0, 3: 1}
+    assert not os.path.exists(staging.job_dir(root, "dead"))
+
+
+def test_router_groups_rows_by_partition(root):
+    import pyarrow as pa
+
+    batch = pa.record_batch({"key": pa.array([b"a", b"b", None, b"a"]),
+                             "value": pa.array(["1", "2", "3", "4"])})
+    router = BatchRouter(InputLayout(value="value", key="key"), "t",
+                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0))
+    out = list(router.route(batch))
+    assert sum(n for *_, n in out) == 4
+    by_partition = {}
+    for topic, p, data, n in out:
+        recs = _core.decode_records(data)
+        by_partition[p] = [(r.key, r.value) for r in recs]
+    keyed = [(b"a", b"1"), (b"b", b"2"), (b"a", b"4")]
+    for p, recs in by_partition.items():
+        assert [r for r in recs if r[0] is not None] == [
+            kv for kv in keyed if kafka_partition(kv[0], PARTS) == p]
+    assert sum(r == (None, b"3") for recs in by_partition.values() for r in recs) == 1
