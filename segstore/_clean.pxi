@@ -355,10 +355,14 @@ cdef inline bint _in_aborted(const int64_t* ab, Py_ssize_t n, const BatchHeader*
     return False
 
 
-cdef inline int _record_key(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
-                            RecordView* r) noexcept nogil:
-    """The key and deltas of one record, jumping over value and headers: map building needs
-    no more (the filter pass parses every record in full, after the CRC check)."""
+cdef inline int _record_fields(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+                               RecordView* r, Py_ssize_t* ts_end) noexcept nogil:
+    """Deltas, key and value length of one record, jumping over the value and headers.
+
+    Every read is bounded by the record's end and the record by ``end``; the cleaner trusts
+    the rest of a record because the batch CRC was checked and a batch whose record lengths do
+    not add up to its size is rejected (ST_LEFTOVER). ``ts_end`` = where the timestamp delta
+    ends (a rebuilt record re-encodes only that delta)."""
     cdef int32_t length
     cdef int st = read_varint_fast(b, pos, end, &length)
     if st != ST_OK:
@@ -374,6 +378,7 @@ cdef inline int _record_key(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
     st = read_varlong_fast(b, &p, rec_end, &r.timestamp_delta)
     if st != ST_OK:
         return st
+    ts_end[0] = p
     st = read_varint_fast(b, &p, rec_end, &r.offset_delta)
     if st != ST_OK:
         return st
@@ -385,6 +390,15 @@ cdef inline int _record_key(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
     if r.key_len > rec_end - p:
         return ST_TRUNCATED
     r.key_pos = p
+    if r.key_len > 0:
+        p += r.key_len
+    st = read_varint_fast(b, &p, rec_end, &r.value_len)
+    if st != ST_OK:
+        return st
+    if r.value_len < -1:
+        return ST_NEGATIVE_LENGTH
+    if r.value_len > rec_end - p:
+        return ST_TRUNCATED
     pos[0] = rec_end
     return ST_OK
 
@@ -405,13 +419,14 @@ cdef int _map_records(MapCore* m, MapBuild* mb, const BatchHeader* h, const uint
     cdef int64_t gval[MAP_GROUP]
     cdef bint gput[MAP_GROUP]
     cdef bint full_parse = mb.sk.strategy == STRATEGY_HEADER
+    cdef Py_ssize_t ts_end
     while j < n:
         g = n - j if n - j < MAP_GROUP else MAP_GROUP
         for k in range(g):
             if full_parse:
                 st = parse_record(b, &pos, end, &r)
             else:
-                st = _record_key(b, &pos, end, &r)
+                st = _record_fields(b, &pos, end, &r, &ts_end)
             if st != ST_OK:
                 return st
             offset = h.base_offset + r.offset_delta
@@ -563,6 +578,9 @@ cdef struct FilterCore:
     int64_t upper_bound        # upperBoundOffsetOfCleaningRound
     int strategy
     uint8_t* keep              # per-record decisions of the current batch
+    Py_ssize_t* starts         # record start positions (n + 1: the last is the records' end)
+    Py_ssize_t* ts_ends        # where each record's timestamp delta ends
+    int64_t* tss               # each record's timestamp
     Py_ssize_t keep_cap
     int64_t messages_read
     int64_t bytes_read
@@ -576,6 +594,27 @@ cdef struct FilterCore:
 cdef inline int64_t _room_needed(const BatchHeader* h) noexcept nogil:
     # A rebuilt record grows by at most 10 bytes (longer length and timestamp varints).
     return <int64_t>h.size + 10 * <int64_t>(h.records_count if h.records_count > 0 else 0) + V2_HEADER_C
+
+
+cdef int _grow_scratch(FilterCore* fc, Py_ssize_t n) noexcept nogil:
+    cdef uint8_t* keep = <uint8_t*>realloc(fc.keep, n)
+    if keep == NULL:
+        return ST_NO_MEMORY
+    fc.keep = keep
+    cdef Py_ssize_t* starts = <Py_ssize_t*>realloc(fc.starts, n * sizeof(Py_ssize_t))
+    if starts == NULL:
+        return ST_NO_MEMORY
+    fc.starts = starts
+    cdef Py_ssize_t* ts_ends = <Py_ssize_t*>realloc(fc.ts_ends, n * sizeof(Py_ssize_t))
+    if ts_ends == NULL:
+        return ST_NO_MEMORY
+    fc.ts_ends = ts_ends
+    cdef int64_t* tss = <int64_t*>realloc(fc.tss, n * sizeof(int64_t))
+    if tss == NULL:
+        return ST_NO_MEMORY
+    fc.tss = tss
+    fc.keep_cap = n
+    return ST_OK
 
 
 cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const uint8_t* src,
@@ -613,12 +652,9 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
     fc.bytes_read += h.size
     if mode == DELETE:
         return ST_OK
-    if n > fc.keep_cap:
-        grown = <uint8_t*>realloc(fc.keep, n)
-        if grown == NULL:
+    if n + 1 > fc.keep_cap:
+        if _grow_scratch(fc, n + 1) != ST_OK:
             return ST_NO_MEMORY
-        fc.keep = grown
-        fc.keep_cap = n
     has_horizon = (h.attributes & ATTR_DELETE_HORIZON) != 0
     retain_deletes = not has_horizon or fc.now < h.base_timestamp
     control = (h.attributes & ATTR_CONTROL) != 0
@@ -629,11 +665,13 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
         # map's cache misses overlap instead of stalling one record at a time.
         g = n - j if n - j < MAP_GROUP else MAP_GROUP
         for k in range(g):
-            st = parse_record(rb, &p, rend, &r)
+            fc.starts[j + k] = p
+            st = _record_fields(rb, &p, rend, &r, &fc.ts_ends[j + k])
             if st != ST_OK:
                 return st
             goff[k] = h.base_offset + r.offset_delta
             gts[k] = h.base_timestamp + r.timestamp_delta
+            fc.tss[j + k] = gts[k]
             gvlen[k] = r.value_len
             gklen[k] = r.key_len
             glook[k] = (not discard_records and not control and goff[k] <= m.latest_offset
@@ -670,6 +708,7 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
                     tomb = True
                 retained += 1
         j += g
+    fc.starts[n] = p
     if p != rend:
         return ST_LEFTOVER
     o = out + out_pos[0]
@@ -709,18 +748,16 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
         if not (h.attributes & ATTR_LOG_APPEND_TIME):
             nh.max_timestamp = max_ts
         q = o + V2_HEADER_C
-        p = rpos
         for j in range(n):
-            rec_start = p
-            parse_record(rb, &p, rend, &r)     # validated by the first pass
             if not fc.keep[j]:
                 continue
             # Re-encode only the timestamp delta: everything after it is copied as is.
+            rec_start = fc.starts[j]
+            p = fc.starts[j + 1]
             attr_pos = rec_start
             read_varint(rb, &attr_pos, rend, &length)
-            ts_end = attr_pos + 1
-            read_varlong(rb, &ts_end, rend, &tsd)
-            tsd = h.base_timestamp + tsd - nh.base_timestamp
+            ts_end = fc.ts_ends[j]
+            tsd = fc.tss[j] - nh.base_timestamp
             length = <int32_t>(1 + varlong_size(tsd) + (p - ts_end))
             q += write_varint(q, length)
             q[0] = rb[attr_pos]
@@ -797,6 +834,9 @@ cdef class BatchFilter:
 
     def __dealloc__(self):
         free(self.fc.keep)
+        free(self.fc.starts)
+        free(self.fc.ts_ends)
+        free(self.fc.tss)
 
     @property
     def stats(self) -> dict:

@@ -54,7 +54,7 @@ cdef inline uint64_t _le64(const uint8_t* p) noexcept nogil:
     return v
 
 
-cdef void murmur3_x64_128(const uint8_t* data, Py_ssize_t length, uint32_t seed,
+cdef inline void murmur3_x64_128(const uint8_t* data, Py_ssize_t length, uint32_t seed,
                           uint64_t* out1, uint64_t* out2) noexcept nogil:
     """MurmurHash3 x64-128: the 16-byte key digest of the offset map (design §1.3)."""
     cdef uint64_t h1 = seed, h2 = seed

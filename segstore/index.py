@@ -88,8 +88,8 @@ class _AbstractIndex:
         with self._lock:
             fd = os.open(self.path, os.O_RDWR)
             try:
-                if self._mm is not None:
-                    self._mm.flush()
+                # Entries are written with pwrite, never through the map: nothing to msync
+                # before the length changes (durability is flush()'s job).
                 os.ftruncate(fd, length)
                 self._map(fd, length)
             finally:
