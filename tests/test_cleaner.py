@@ -826,3 +826,253 @@ def test_store_round_keeps_the_last_offset_of_keyless_data(root, clock):
     st = open_store(root, clock)
     lg = st.partition("t", 0)
     assert lg.log_end_offset == 5 and records(lg) == [(1, b"k", b"b")]
+
+
+# -- #45 grouping segments ----------------------------------------------------------------------------
+
+def check_order(groups, segs):
+    assert [s for g in groups for s in g] == list(segs)
+
+
+def test_segment_grouping(root, clock):
+    """#45, Kafka's testSegmentGrouping."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, segment_bytes=300, index_interval_bytes=1)
+    while len(lg.segments) < 10:
+        lg.append_batch([b"hello"], keys=[b"hello"])
+    segs, leo = lg.segments, lg.log_end_offset
+
+    groups = group_segments_by_size(segs, INT_MAX, INT_MAX, leo)
+    assert len(groups) == 1 and len(groups[0]) == 10
+    check_order(groups, segs)
+    for max_size, max_index in ((1, INT_MAX), (INT_MAX, 1)):
+        groups = group_segments_by_size(segs, max_size, max_index, leo)
+        assert [len(g) for g in groups] == [1] * 10
+        check_order(groups, segs)
+
+    log_size = sum(s.size for s in segs[:3]) + 1
+    groups = group_segments_by_size(segs, log_size, INT_MAX, leo)
+    check_order(groups, segs)
+    assert all(len(g) == 3 for g in groups[:-1]) and len(groups) > 2
+    assert all(sum(s.size for s in g) < log_size for g in groups)
+
+    # Sealed index files are trimmed to their entries: their sizes are what the rule adds up.
+    index_size = sum(os.path.getsize(s.log_path[:-4] + ".index") for s in segs[:3]) + 1
+    assert index_size > 1 + 3 * 8
+    groups = group_segments_by_size(segs, INT_MAX, index_size, leo)
+    check_order(groups, segs)
+    assert all(len(g) == 3 for g in groups[:-1]) and len(groups) > 2
+
+
+def fake_segment(base, size=100, index_entries=1, time_entries=1):
+    return SimpleNamespace(base_offset=base, size=size,
+                           offset_index=SimpleNamespace(entries=index_entries),
+                           time_index=SimpleNamespace(entries=time_entries))
+
+
+def bases(groups):
+    return [[s.base_offset for s in g] for g in groups]
+
+
+def test_segment_grouping_with_sparse_offsets():
+    """#45, Kafka's testSegmentGroupingWithSparseOffsets and ...FollowingLoadOfZeroIndex: no
+    group spans more than 2^31 - 1 offsets; a segment's last offset is estimated from the next
+    segment's base (or the first uncleanable offset)."""
+    s0, s1 = fake_segment(0), fake_segment(INT_MAX - 1)
+    assert bases(group_segments_by_size([s0, s1], INT_MAX, INT_MAX, INT_MAX + 1)) == \
+        [[0, INT_MAX - 1]]
+    assert bases(group_segments_by_size([s0, s1], INT_MAX, INT_MAX, INT_MAX + 2)) == \
+        [[0], [INT_MAX - 1]]
+    more = [s0, s1, fake_segment(INT_MAX + 5), fake_segment(INT_MAX + 10)]
+    assert bases(group_segments_by_size(more, INT_MAX, INT_MAX, INT_MAX + 20)) == \
+        [[0], [INT_MAX - 1, INT_MAX + 5, INT_MAX + 10]]
+    half = [fake_segment(0), fake_segment(INT_MAX // 2)]
+    assert bases(group_segments_by_size(half, INT_MAX, INT_MAX, INT_MAX + 2)) == \
+        [[0], [INT_MAX // 2]]
+
+
+def test_empty_segments_merge_whatever_their_offset_range():
+    """#45 (KAFKA-12889): an empty segment joins the group even when the range it would span
+    passes 2^31 - 1."""
+    segs = [fake_segment(0), fake_segment(10, size=0, index_entries=0, time_entries=0),
+            fake_segment(3 * 2 ** 31, size=0, index_entries=0, time_entries=0),
+            fake_segment(4 * 2 ** 31)]
+    assert bases(group_segments_by_size(segs, INT_MAX, INT_MAX, 4 * 2 ** 31 + 5)) == \
+        [[0, 10, 3 * 2 ** 31], [4 * 2 ** 31]]
+
+
+def test_grouping_rules_on_random_segments():
+    """Every group obeys REF §6.6 and is maximal (its successor could not have joined it);
+    order is preserved."""
+    import random
+    rng = random.Random(45)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        base, segs = 0, []
+        for _ in range(n):
+            base += rng.choice([1, 5, 100, 2 ** 30, 2 ** 31])
+            empty = rng.random() < 0.2
+            segs.append(fake_segment(base, 0 if empty else rng.randint(1, 400),
+                                     0 if empty else rng.randint(1, 5), 0 if empty else rng.randint(1, 3)))
+        fu = segs[-1].base_offset + rng.choice([1, 10, 2 ** 31])
+        max_size, max_index = rng.choice([50, 400, 1000, INT_MAX]), rng.choice([8, 40, INT_MAX])
+        groups = group_segments_by_size(segs, max_size, max_index, fu)
+        check_order(groups, segs)
+
+        def last_of(i):
+            return segs[i + 1].base_offset - 1 if i + 1 < len(segs) else fu - 1
+
+        def fits(group_start, j):
+            """Segment j may join the group of segs[group_start:j]."""
+            g = segs[group_start:j]
+            nxt = segs[j]
+            return (sum(s.size for s in g) + nxt.size <= max_size
+                    and 8 * sum(s.offset_index.entries for s in g + [nxt]) <= max_index
+                    and 12 * sum(s.time_index.entries for s in g + [nxt]) <= max_index
+                    and (nxt.size == 0 or last_of(j) - g[0].base_offset <= INT_MAX))
+        i = 0
+        for g in groups:
+            for j in range(i + 1, i + len(g)):
+                assert fits(i, j)
+            if i + len(g) < len(segs):
+                assert not fits(i, i + len(g))
+            i += len(g)
+
+
+def test_sparse_offsets_and_empty_segments_on_disk(root, clock):
+    """#45, Kafka's testSegmentGroupingWithSparseOffsetsAndEmptySegments: three segments each
+    spanning 2^31 offsets cannot group; cleaned empty, the first two merge."""
+    g = 2 ** 31
+    seg_data = {}
+    for i in range(3):
+        seg_data[i * g] = v2([(i * g, b"key", b"val")]) + v2([((i + 1) * g - 1, b"key", b"val")])
+    seg_data[3 * g] = v2([(3 * g, b"key", b"val")])
+    st = write_partition(root, clock, seg_data)
+    lg = st.partition("t", 0)
+    assert [s.base_offset for s in lg.segments] == [0, g, 2 * g, 3 * g]
+    first_uncleanable = lg.segments[-1].base_offset
+    groups = group_segments_by_size(lg.segments[:-1], INT_MAX, INT_MAX, first_uncleanable)
+    assert bases(groups) == [[0], [g], [2 * g]]
+    cleaner = make_cleaner(clock)
+    end, _ = cleaner.clean(log_to_clean(st, lg, 0, T0), T0)
+    assert end == first_uncleanable
+    assert [s.size for s in lg.segments[:2]] == [0, 0] and len(lg.segments) == 4
+    groups = group_segments_by_size(lg.segments[:-1], INT_MAX, INT_MAX, first_uncleanable)
+    assert bases(groups) == [[0, g], [2 * g]]
+    cleaner.clean(log_to_clean(st, lg, 0, T0), T0)
+    assert [s.base_offset for s in lg.segments] == [0, 2 * g, 3 * g]
+    assert records(lg) == [(3 * g - 1, b"key", b"val"), (3 * g, b"key", b"val")]
+
+
+# -- #46 building the offset map ---------------------------------------------------------------------
+
+def test_build_offset_map_over_segment_aligned_ranges(root, clock):
+    """#46, Kafka's testBuildOffsetMap."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    for i in range(500):
+        lg.append_batch([kv(i)], keys=[kv(i)])
+    segs = lg.segments
+    assert len(segs) > 4
+    cleaner = make_cleaner(clock, slots=1000)
+    for start, end in ((0, segs[1].base_offset), (segs[1].base_offset, segs[3].base_offset),
+                       (segs[3].base_offset, lg.log_end_offset)):
+        stats = CleanerStats()
+        cleaner.build_offset_map(lg, start, end, stats)
+        m = cleaner.offset_map
+        assert m.latest_offset + 1 == end
+        assert m.size == end - start
+        assert all(m.get(kv(i)) == i for i in range(start, end))
+        assert m.get(kv(start - 1)) == -1 and m.get(kv(end)) == -1
+        assert stats.map_messages_read == end - start
+        assert not stats.map_full
+
+
+def test_build_offset_map_with_sparse_huge_offsets(root, clock):
+    """#46, Kafka's testBuildOffsetMapFakeLarge: records at offsets 0 and 7,206,178."""
+    end = 7_206_178
+    st = write_partition(root, clock, {0: v2([(0, b"0", b"0"), (end, b"1", b"1")]),
+                                       end + 1: v2([(end + 1, b"2", b"2")])})
+    lg = st.partition("t", 0)
+    cleaner = make_cleaner(clock)
+    cleaner.build_offset_map(lg, 0, end + 1, CleanerStats())
+    m = cleaner.offset_map
+    assert (m.latest_offset, m.size, m.get(b"0"), m.get(b"1")) == (end, 2, 0, end)
+
+
+# -- #49 offset gaps (KAFKA-8764) ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", [
+    {0: range(0, 10), 11: [11]},
+    {0: range(0, 10), 15: range(15, 25), 30: [30]},
+])
+def test_cleaning_moves_past_offset_gaps(root, clock, layout):
+    """#49, Kafka's testCleaningBeyondMissingOffsets{Single,Multiple}Segment(s): segments
+    rolled past holes; the next dirty offset is the active segment's base, not the hole."""
+    st = write_partition(root, clock, {
+        base: b"".join(v2([(o, kv(o), kv(o))]) for o in offs) for base, offs in layout.items()})
+    lg = st.partition("t", 0)
+    active = max(layout)
+    assert lg.segments[-1].base_offset == active
+    [stats] = st.compact("t", 0, force=True)
+    assert stats.end_offset == active
+    assert st.cleaner_manager.all_cleaner_checkpoints() == {TP: active}
+    assert st.compact("t", 0, force=True) == []       # nothing left: no endless loop
+    assert offsets(lg) == [o for offs in layout.values() for o in offs]
+
+
+# -- #50 metric gauges ---------------------------------------------------------------------------------
+
+def test_cleaner_gauges(root, clock):
+    """#50, Kafka's testMaxBufferUtilizationPercentMetric / testMaxCleanTimeMetric /
+    testMaxCompactionDelayMetrics: 0 without cleaner threads, otherwise the max over threads."""
+    st = open_store(root, clock)
+    m = st.metrics()
+    for name in ("max-buffer-utilization-percent", "max-clean-time-secs",
+                 "max-compaction-delay-secs", "cleaner-recopy-percent", "DeadThreadCount",
+                 "max-dirty-percent", "uncleanable-partitions-count", "uncleanable-bytes"):
+        assert m[name] == 0, name
+    c = st.cleaner
+    c.last_stats = {i: CleanerStats(buffer_utilization=u, start_time=0, end_time=e,
+                                    bytes_read=r, bytes_written=w)
+                    for i, (u, e, r, w) in enumerate([(0.75, 1000, 100, 50), (0.85, 2000, 300, 100),
+                                                      (0.65, 3000, 0, 0)], 1)}
+    c.last_pre_clean = {i: PreCleanStats(max_compaction_delay_ms=d)
+                        for i, d in enumerate([1000, 2000, 3000], 1)}
+    m = st.metrics()
+    assert (m["max-buffer-utilization-percent"], m["max-clean-time-secs"],
+            m["max-compaction-delay-secs"], m["cleaner-recopy-percent"]) == (85, 3, 3, 37)
+    c.last_stats[1].buffer_utilization = 0.9
+    c.last_stats[1].end_time = 4000
+    c.last_pre_clean[1].max_compaction_delay_ms = 4000
+    m = st.metrics()
+    assert (m["max-buffer-utilization-percent"], m["max-clean-time-secs"],
+            m["max-compaction-delay-secs"]) == (90, 4, 4)
+    for s in c.last_stats.values():
+        s.buffer_utilization, s.end_time = 0.5, 1500
+    for p in c.last_pre_clean.values():
+        p.max_compaction_delay_ms = 1500
+    m = st.metrics()
+    assert (m["max-buffer-utilization-percent"], m["max-clean-time-secs"],
+            m["max-compaction-delay-secs"]) == (50, 1, 1)
+
+
+def test_gauges_after_a_round(root, clock):
+    st = open_store(root, clock, log_cleaner_dedupe_buffer_size=24 * 10)
+    lg = compacted_topic(st)
+    for k in (0, 1, 0, 1, 2):
+        lg.append_batch([kv(k)], keys=[kv(k)])
+    lg.roll()
+    [stats] = st.compact("t", 0)
+    m = st.metrics()
+    assert m["max-buffer-utilization-percent"] == 30
+    assert m["cleaner-recopy-percent"] == int(100 * stats.bytes_written / stats.bytes_read)
+    # A cleaner thread's pass (run here in the test's thread) records the selection's ratio.
+    lg.append_batch([b"x"], keys=[b"x"])
+    lg.roll()
+    ratio = log_to_clean(st, lg, stats.end_offset, T0).cleanable_ratio
+    assert 0 < ratio < 1
+    assert st.cleaner.try_clean_filthiest_log(0, T0)
+    m = st.metrics()
+    assert m["max-dirty-percent"] == int(100 * ratio)
+    assert m["max-buffer-utilization-percent"] == 30      # max of 3/10 (thread -1) and 1/10
