@@ -352,16 +352,6 @@ def count_keys(log, start: Optional[int] = None, bar=None) -> tuple:
     return records, len(seen), (len(seen) if start is None else len(dirty))
 
 
-def _first_dirty(store, topic: str, partition: int) -> Optional[int]:
-    manager = getattr(store, "cleaner_manager", None)
-    if manager is None:
-        return None
-    try:
-        return int(manager.describe(topic, partition)["first_dirty_offset"])
-    except Exception:  # no checkpoint yet or no cleaner: the whole log is dirty
-        return None
-
-
 def _plan_from_store(args, threads, buffer_size, load_factor) -> int:
     rows = []
     with open_store(args) as store:
@@ -378,7 +368,8 @@ def _plan_from_store(args, threads, buffer_size, load_factor) -> int:
         with progress(args, total, "counting keys", unit=" offsets") as bar:
             for t, p in parts:
                 lg = store.partition(t, p)
-                first_dirty = _first_dirty(store, t, p)
+                # Where the next cleaning starts (the log start offset before the first one).
+                first_dirty = int(store.cleaner_manager.describe(t, p)["first_dirty_offset"])
                 records, keys, dirty = count_keys(lg, first_dirty, bar)
                 rows.append({"topic": t, "partition": p, "records": records, "keys": keys,
                              "first_dirty_offset": first_dirty, "dirty_keys": dirty})
@@ -451,10 +442,7 @@ def describe_partition(store, topic: str, partition: int, now_ms: int) -> dict:
     if not cfg.compact:
         out["cleaner"] = None
         return out
-    manager = getattr(store, "cleaner_manager", None)
-    if manager is None:
-        raise CommandError("this segstore has no log cleaner (store.cleaner_manager)")
-    d = manager.describe(topic, partition, now_ms=now_ms)
+    d = store.cleaner_manager.describe(topic, partition, now_ms=now_ms)
     out["cleaner"] = {k: _plain(d.get(k)) for k in _DESCRIBE_KEYS}
     out["tombstones"] = tombstones_awaiting(lg, now_ms)
     return out
@@ -565,9 +553,7 @@ def _compact_dry_run(args, topics) -> int:
     plan = []
     with open_store(args) as store:
         now = store.clock() if args.now_ms is None else args.now_ms
-        manager = getattr(store, "cleaner_manager", None)
-        if manager is None:
-            raise CommandError("this segstore has no log cleaner (store.cleaner_manager)")
+        manager = store.cleaner_manager
         for t, p in iter_partitions(store, topics, args.partition):
             if not store.topic_config(t).compact:
                 continue

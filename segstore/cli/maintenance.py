@@ -147,7 +147,7 @@ def run_recover(args) -> int:
             with progress(args, total, "recover", unit=" segments") as bar:
                 for t, p in parts:
                     lg = store.partition(t, p)
-                    loaded = getattr(lg, "load_result", None)
+                    loaded = lg.load_result  # what the loader did while the store opened
                     segs = lg.segments
                     for i, seg in enumerate(segs):
                         # Sealed segments check their indexes when first used: use them now,
@@ -158,9 +158,9 @@ def run_recover(args) -> int:
                         bar.advance(1, f"{t}-{p}")
                     report.append({
                         "topic": t, "partition": p, "directory": lg.directory,
-                        "recovered_segments": loaded.recovered_segments if loaded else 0,
-                        "truncated_bytes": loaded.truncated_bytes if loaded else 0,
-                        "deleted_segments": list(loaded.deleted_segments) if loaded else [],
+                        "recovered_segments": loaded.recovered_segments,
+                        "truncated_bytes": loaded.truncated_bytes,
+                        "deleted_segments": list(loaded.deleted_segments),
                         "log_start_offset": lg.log_start_offset,
                         "log_end_offset": lg.log_end_offset})
     finally:
