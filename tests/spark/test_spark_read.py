@@ -13,7 +13,7 @@ import pytest
 import segstore
 import segstore.spark
 from segstore.spark.source import SegstoreDataSource
-from sparkcheck import collect, end_offsets, expected, whole
+from .sparkcheck import collect, end_offsets, expected, whole
 
 T0 = 1_700_000_000_000
 KAFKA_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "

@@ -19,7 +19,7 @@ import segstore
 from segstore import TopicPartition
 from segstore.spark import stream as stream_module
 from segstore.spark.source import SegstoreDataSource
-from sparkcheck import end_offsets, records
+from .sparkcheck import end_offsets, records
 
 OLD = 1_600_000_000_000  # 2020: far past any retention.ms below
 

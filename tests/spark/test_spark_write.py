@@ -17,7 +17,7 @@ from segstore import _core
 from segstore.errors import CorruptRecordError
 from segstore.spark import staging
 from segstore.spark.encode import BatchRouter, InputLayout, TopicInfo
-from sparkcheck import end_offsets, records
+from .sparkcheck import end_offsets, records
 
 PARTS = 4
 
