@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 
+from .errors import CorruptIndexError
 from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,
                       TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, consistent_prefix)
 
@@ -30,6 +31,9 @@ class LoadResult:
     recovered_segments: int = 0
     truncated_bytes: int = 0
     deleted_segments: list = field(default_factory=list)
+    # Base offsets of recovered segments: their transaction index was reset and is rebuilt by
+    # the producer-state replay of the log (REF §4.3 step 2).
+    txn_rebuild: set = field(default_factory=set)
 
 
 def _base_offset(name: str) -> int:
@@ -101,12 +105,15 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
         index_missing = not os.path.exists(os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}"))
         seg = LogSegment(directory, base, config, clock)
         # Index files that exist are checked when first used (LogSegment loads them lazily and
-        # rebuilds any that fail the check), so opening a large store touches no index.
-        if index_missing:
+        # rebuilds any that fail the check), so opening a large store touches no index. The
+        # transaction index is the one Kafka checks here (phase 5); most segments have none.
+        bad_txn = f"{base:020d}{TXN_INDEX_SUFFIX}" in names and _txn_index_problem(seg)
+        if index_missing or bad_txn:
             lost = recover_segment(seg, config)
             early_lost[base] = lost
             result.truncated_bytes += lost
             result.recovered_segments += 1
+            result.txn_rebuild.add(base)
         result.segments.append(seg)
     if not had_clean_shutdown:
         segs = result.segments
@@ -118,6 +125,7 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
             nxt = segs[i + 1].base_offset if i + 1 < len(segs) else None
             recovered = recover_segment(segs[i], config, nxt)
             result.recovered_segments += 1
+            result.txn_rebuild.add(segs[i].base_offset)
             result.truncated_bytes += recovered
             lost = recovered + early_lost.get(segs[i].base_offset, 0)
             if lost > 0:
@@ -137,6 +145,7 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
             log.warning("recovering %s: %s", last.log_path, problem)
             result.truncated_bytes += recover_segment(last, config)
             result.recovered_segments += 1
+            result.txn_rebuild.add(last.base_offset)
     if result.segments and result.segments[-1].read_next_offset() < log_start_offset:
         for s in result.segments:
             s.delete_files()
@@ -147,6 +156,15 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
     active.offset_index.resize(config.segment_index_bytes)
     active.time_index.resize(config.segment_index_bytes)
     return result
+
+
+def _txn_index_problem(seg: LogSegment) -> bool:
+    try:
+        seg.txn_index.sanity_check()
+        return False
+    except CorruptIndexError as e:
+        log.warning("recovering %s: %s", seg.log_path, e)
+        return True
 
 
 def _header_problem(seg: LogSegment):
@@ -165,7 +183,9 @@ def _header_problem(seg: LogSegment):
 def recover_segment(seg: LogSegment, config, next_base: Optional[int] = None) -> int:
     """REF §4.3: keep the CRC-valid prefix, rebuild both indexes; returns bytes removed.
 
-    Batches reaching the next segment's base offset are cut too (overlapping segments)."""
+    Batches reaching the next segment's base offset are cut too (overlapping segments). The
+    transaction index is emptied: the log's producer-state replay writes it again (it needs the
+    transactions left open by earlier segments)."""
     size = os.fstat(seg._fd).st_size
     seg.size = size
     res = seg.scan(0, size, validate_crc=True, raise_on_corrupt=False)
@@ -180,4 +200,5 @@ def recover_segment(seg: LogSegment, config, next_base: Optional[int] = None) ->
     if res.error is not None:
         log.warning("recovering %s: %s; truncating to %d bytes", seg.log_path, res.error, valid_end)
     seg.rebuild_indexes(batches)
+    seg.txn_index.reset()
     return seg.truncate_bytes(valid_end)

@@ -21,6 +21,7 @@ from .compression import codec_id
 from .errors import (CleaningAbortedError, InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
                      ReadOnlyStoreError, RecordTooLargeError, StoreClosedError)
 from .loader import load_segments
+from .producer_state import ProducerStateManager, load_producer_state, stamp_log_append_time
 from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
                       OffsetAndTimestamp, RecordMetadata, TopicPartition)
 from .segment import DELETED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment
@@ -66,6 +67,7 @@ class PartitionLog:
         self.truncations = 0
         self._delete_later = delete_later or (lambda seg, delay_ms: seg.delete_files())
         self.last_flush_ms = clock()
+        self.producer_state: Optional[ProducerStateManager] = None  # writable logs only
         if readonly:
             self.recovery_point = 0
             self._ro_start = log_start_offset
@@ -82,6 +84,9 @@ class PartitionLog:
         start = max(log_start_offset, segs[0].base_offset)
         self.recovery_point = leo if had_clean_shutdown else min(recovery_point, leo)
         self._state = _State(segs, min(start, leo), leo)
+        self.producer_state = load_producer_state(directory, segs, log_end_offset=leo,
+                                                  had_clean_shutdown=had_clean_shutdown,
+                                                  recovered=loaded.txn_rebuild)
 
     # -- snapshot accessors -----------------------------------------------------------------
     @property
@@ -111,6 +116,29 @@ class PartitionLog:
     def high_watermark(self) -> int:
         """Equals the log end offset: a single-node log has no replicas to wait for."""
         return self.log_end_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """First offset of the oldest open transaction (at least the log start offset), or the
+        log end offset when none is open (REF §3.1: HW = LEO on a single node)."""
+        if self.producer_state is None:  # read-only: replay the headers of what is there now
+            self._refresh()
+            st = self._state
+            first = ProducerStateManager.rebuild(st.segments).first_unstable_offset()
+        else:
+            st = self._state  # read before the first unstable offset, never after
+            first = self.producer_state.first_unstable_offset()
+        if first is None:
+            return st.log_end_offset
+        return min(max(first, st.log_start_offset), st.log_end_offset)
+
+    def active_producers(self) -> dict[int, tuple[int, int]]:
+        """{producer id: (last data offset or -1, producer epoch)}: Kafka's
+        lastRecordsOfActiveProducers, whose last batches the cleaner keeps."""
+        if self.producer_state is None:
+            return ProducerStateManager.rebuild(self.segments).active_producers()
+        with self._lock:
+            return self.producer_state.active_producers()
 
     @property
     def size_bytes(self) -> int:
@@ -181,11 +209,15 @@ class PartitionLog:
                        coordinator_epoch: int = 0) -> AppendInfo:
         """Append a transaction marker (ControlRecordType.COMMIT or ABORT)."""
         self._check_writable()
-        data = _core.encode_control_batch(control_type, producer_id=producer_id,
-                                          producer_epoch=producer_epoch,
-                                          coordinator_epoch=coordinator_epoch,
-                                          timestamp_ms=self.clock(), partition_leader_epoch=0)
-        return self._append_encoded(bytearray(data))
+        with self._lock:  # encoded at the log end offset, stamped in place (not re-encoded)
+            now = self.clock()
+            data = bytearray(_core.encode_control_batch(
+                control_type, producer_id=producer_id, producer_epoch=producer_epoch,
+                coordinator_epoch=coordinator_epoch, base_offset=self._state.log_end_offset,
+                timestamp_ms=now, partition_leader_epoch=0))
+            if self._log_append_time(now) is not None:
+                stamp_log_append_time(data, now)
+            return self._append_encoded(data, None, assigned=True)
 
     def append_records(self, data) -> AppendInfo:
         """Append already-encoded v2 batches (e.g. staged by a Spark task).
@@ -248,6 +280,7 @@ class PartitionLog:
                 batches["last_offset"] = new_base + deltas
                 if log_append:
                     buf, batches = self._stamp_log_append_time(buf, batches, now)
+            self.producer_state.validate(buf, batches)  # fenced epochs, transaction state
             first = int(batches["base_offset"][0])
             last = int(batches["last_offset"][-1])
             i, n = 0, len(batches)
@@ -280,6 +313,7 @@ class PartitionLog:
                 group = group.copy()
                 group["position"] -= start_byte
                 seg.append(chunk, group)
+                self.producer_state.update(chunk, group, seg)  # ABORTs go to seg's .txnindex
                 self._state = _State(self._state.segments, self._state.log_start_offset,
                                      int(group["last_offset"][-1]) + 1)
                 i = j
@@ -292,6 +326,9 @@ class PartitionLog:
         out = bytearray()
         for b in batches:
             pos, size = int(b["position"]), int(b["size"])
+            if b["attributes"] & 0x20:  # a control batch stays one: stamped in place
+                out += stamp_log_append_time(bytearray(buf[pos:pos + size]), now)
+                continue
             recs = _core.decode_records(memoryview(buf)[pos:pos + size], validate_crc=False,
                                         include_control=bool(b["attributes"] & 0x20))
             enc = _core.encode_batch(
@@ -543,6 +580,8 @@ class PartitionLog:
             leo = keep[-1].read_next_offset()
             self._state = _State(keep, min(st.log_start_offset, leo), leo)
             self.recovery_point = min(self.recovery_point, leo)
+            if len(self.producer_state):  # none known: a prefix of the log has none either
+                self.producer_state = ProducerStateManager.rebuild(keep)
 
     def truncate_fully_and_start_at(self, new_offset: int) -> None:
         """Delete every segment and start an empty log at ``new_offset``."""
@@ -560,6 +599,7 @@ class PartitionLog:
                          preallocate=self.config.preallocate)
         self._state = _State((seg,), log_start, new_offset)
         self.recovery_point = new_offset
+        self.producer_state.clear(new_offset)
         fsync_dir(self.directory)
 
     def delete_records(self, before_offset: int) -> int:
@@ -653,6 +693,9 @@ class PartitionLog:
         with self._lock:
             if not self.readonly:
                 self._flush_locked(self._state.log_end_offset)
+                # Read by the next clean open instead of replaying the log. An error propagates
+                # (like a failed flush): no clean-shutdown marker, so the next open replays.
+                self.producer_state.write_snapshot(self.directory, self._state.log_end_offset)
             for s in self._state.segments:
                 s.close()
             self._closed = True

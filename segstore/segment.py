@@ -19,6 +19,7 @@ import numpy as np
 from . import _core
 from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
 from .index import OffsetIndex, TimeIndex
+from .transaction_index import AbortedTxn, TransactionIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -110,6 +111,7 @@ class LogSegment:
             self._inode = os.fstat(self._fd_value).st_ino
             self._check_indexes_on_load = False
         self.txn_index_path = paths[TXN_INDEX_SUFFIX]
+        self._txn_index: Optional[TransactionIndex] = None  # like Kafka: no file until an entry
         self.created_ms = clock()
         self.rolling_based_timestamp: Optional[int] = None
         self.bytes_since_last_index_entry = 0
@@ -182,6 +184,37 @@ class LogSegment:
             # Index what can be read; damage further on is reported by the reads that reach it.
             b = self.scan(0, raise_on_corrupt=False).batches
             self.rebuild_indexes(b[:consistent_prefix(b, self.base_offset)])
+
+    @property
+    def txn_index(self) -> TransactionIndex:
+        """The ``.txnindex`` (aborted transactions); the file appears with its first entry."""
+        idx = self._txn_index
+        if idx is None:
+            with self._lock:
+                if self._txn_index is None:
+                    self._txn_index = TransactionIndex(self.txn_index_path, self.base_offset,
+                                                       writable=not self.readonly)
+                idx = self._txn_index
+        return idx
+
+    def collect_aborted(self, start_offset: int, end_offset: int) -> list[AbortedTxn]:
+        """Aborted transactions of this segment overlapping [start_offset, end_offset)."""
+        return self.txn_index.collect_aborted(start_offset, end_offset)
+
+    def read_batch_headers(self):
+        """(buffer, batch headers) of the whole log file, CRCs unchecked and a corrupt tail
+        left out; a segment not opened before is closed again afterwards (the buffer stays
+        valid: a map outlives its descriptor)."""
+        opened_here = self._fd_value is None and self._offset_index is None
+        size = self.size
+        if size == 0:
+            return b"", _core.scan_batches(b"").batches
+        buf = self.buffer(size)
+        batches = _core.scan_batches(buf, 0, size, raise_on_corrupt=False,
+                                     file=self.log_path).batches
+        if opened_here and not self.readonly:
+            self.release_files()
+        return buf, batches
 
     @property
     def indexes_loaded(self) -> bool:
@@ -438,11 +471,14 @@ class LogSegment:
             if self._fd_value is not None and not self.readonly:
                 os.close(self._fd_value)
                 self._fd_value = None
+            if self._txn_index is not None:
+                self._txn_index.close()
 
     # -- truncation -------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> int:
         """Drop the batch holding ``offset`` and everything after it; returns bytes removed."""
         first = self.translate_offset(offset)
+        self.txn_index.truncate_to(offset)  # aborted txns whose marker goes
         if first is None:
             # Nothing to drop, but the segment may become active again: room in its indexes.
             self.offset_index.resize(self.config.segment_index_bytes)
@@ -568,6 +604,8 @@ class LogSegment:
         if self._offset_index is not None:
             self._offset_index.flush()
             self._time_index.flush()
+        if self._txn_index is not None:
+            self._txn_index.flush()
 
     def close(self) -> None:
         """Final time-index entry, trim and close (a later open sees only valid entries)."""
@@ -583,6 +621,8 @@ class LogSegment:
         if self._offset_index is not None:
             self._offset_index.close()
             self._time_index.close()
+        if self._txn_index is not None:
+            self._txn_index.close()
         self._mm = None
         if self._fd_value is not None:
             os.close(self._fd_value)
@@ -604,7 +644,9 @@ class LogSegment:
             elif os.path.exists(self._index_paths[i]):
                 os.replace(self._index_paths[i], new_path)
             self._index_paths[i] = new_path
-        if os.path.exists(self.txn_index_path):
+        if self._txn_index is not None:
+            self._txn_index.rename(renamed(self.txn_index_path))
+        elif os.path.exists(self.txn_index_path):
             os.replace(self.txn_index_path, renamed(self.txn_index_path))
         self.txn_index_path = renamed(self.txn_index_path)
         self.suffix = new
@@ -612,6 +654,8 @@ class LogSegment:
     def delete_files(self) -> None:
         """Drop the segment's descriptors and maps (no trimming: it is going) and unlink it."""
         self._offset_index = self._time_index = None
+        if self._txn_index is not None:
+            self._txn_index.close()
         self._mm = None
         if self._fd_value is not None:
             os.close(self._fd_value)

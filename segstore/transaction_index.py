@@ -40,6 +40,14 @@ class AbortedTxn(NamedTuple):
         return ENTRY.pack(CURRENT_VERSION, *self)
 
 
+class TxnIndexSearchResult(NamedTuple):
+    """Aborted transactions found, and whether no later segment can add any (Kafka's
+    TxnIndexSearchResult: an entry's last stable offset reached the upper bound)."""
+
+    aborted: list
+    is_complete: bool
+
+
 class TransactionIndex:
     """The ``.txnindex`` file at ``path`` of a segment starting at ``start_offset``.
 
@@ -90,8 +98,19 @@ class TransactionIndex:
     def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> list[AbortedTxn]:
         """Entries whose [first_offset, last_offset] overlaps [fetch_offset, upper_bound_offset)
         (Kafka's ``collectAbortedTxns``)."""
-        return [t for t in self.all()
-                if t.last_offset >= fetch_offset and t.first_offset < upper_bound_offset]
+        return self.search(fetch_offset, upper_bound_offset).aborted
+
+    def search(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
+        """:meth:`collect_aborted` plus Kafka's ``isComplete``: True once an entry's last stable
+        offset is >= ``upper_bound_offset`` (no transaction aborted later can start below it)."""
+        found, complete = [], False
+        for t in self.all():
+            if t.last_offset >= fetch_offset and t.first_offset < upper_bound_offset:
+                found.append(t)
+            if t.last_stable_offset >= upper_bound_offset:
+                complete = True
+                break
+        return TxnIndexSearchResult(found, complete)
 
     @property
     def last_offset(self) -> Optional[int]:
@@ -233,3 +252,21 @@ class TransactionIndex:
 
     def __repr__(self) -> str:
         return f"TransactionIndex(path={self.path!r}, start_offset={self.start_offset})"
+
+
+def collect_aborted_transactions(segments, start_offset: int,
+                                 upper_bound_offset: int) -> list[AbortedTxn]:
+    """Aborted transactions overlapping [start_offset, upper_bound_offset) in a log's segments
+    (oldest first): Kafka's ``LocalLog.collectAbortedTransactions``. An entry lives in the
+    segment of its ABORT marker, which may come after the range, so the walk goes on from the
+    segment holding ``start_offset`` until an index reports its search complete."""
+    import bisect
+    bases = [s.base_offset for s in segments]
+    first = max(bisect.bisect_right(bases, start_offset) - 1, 0)
+    out: list[AbortedTxn] = []
+    for seg in segments[first:]:
+        res = seg.txn_index.search(start_offset, upper_bound_offset)
+        out.extend(res.aborted)
+        if res.is_complete:
+            break
+    return out

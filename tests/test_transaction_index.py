@@ -201,3 +201,17 @@ def test_read_only_index_never_writes(path):
         with pytest.raises(PermissionError):
             call()
     assert os.path.getsize(path) == 34
+
+
+def test_search_reports_completeness_like_kafka(path):  # Kafka: testCollectAbortedTransactions
+    txns = [AbortedTxn(0, 0, 10, 11), AbortedTxn(1, 5, 15, 13), AbortedTxn(2, 18, 35, 25),
+            AbortedTxn(3, 32, 50, 40)]
+    idx = TransactionIndex(path)
+    for t in txns:
+        idx.append(t)
+    assert idx.search(0, 100) == (txns, False)
+    assert idx.search(0, 32) == (txns[:3], True)
+    assert idx.search(0, 35) == (txns, True)
+    assert idx.search(10, 35) == (txns, True)
+    assert idx.search(11, 35) == (txns[1:4], True)
+    assert idx.search(20, 41) == (txns[2:4], False)

@@ -1,0 +1,435 @@
+"""Producer state: Kafka's ProducerStateManager for one partition (REF §2.5, §3.2, §4.2-§4.3).
+
+Per producer id the state keeps the epoch, the last data batch (last sequence, last offset, its
+offset delta), the last timestamp, the coordinator epoch of the last transaction marker and the
+first offset of the producer's open transaction (-1 if none). It is updated batch by batch, in
+log order, from batch headers alone; only a transaction marker's record is decoded (its key holds
+the marker type, its value the coordinator epoch, REF §1.8):
+
+* a data batch with a producer id records the batch; a transactional one opens a transaction at
+  its base offset when the producer has none open;
+* a COMMIT/ABORT marker closes the producer's transaction. An ABORT of a transaction that held
+  data becomes an :class:`AbortedTxn` (producer, first offset, marker offset, last stable offset)
+  in the ``.txnindex`` of the segment holding the marker. The last stable offset is Kafka's: the
+  first offset of the oldest transaction still open by *another* producer, else marker + 1.
+  A marker of a producer with no open transaction completes nothing (Kafka emits no entry for an
+  empty transaction).
+
+Appends and recovery use the same batch-by-batch replay, so an appended log and a recovered one
+write identical transaction indexes. The first unstable offset is the smallest first offset of
+an open transaction; the log's last stable offset is that offset (or the log end offset).
+
+Snapshots (``<20-digit offset>.snapshot``, REF §2.5 layout) are written by a clean close at the
+log end offset when any producer is known, and read back by the next clean open; every other
+open replays the batch headers of the whole log. See :func:`load_producer_state`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import _core
+from .checkpoint import fsync_dir
+from .errors import CorruptIndexError, CorruptRecordError, InvalidRecordError
+from .records import ControlRecordType
+from .transaction_index import AbortedTxn
+
+log = logging.getLogger("segstore.producer_state")
+
+SNAPSHOT_SUFFIX = ".snapshot"
+SNAPSHOT_VERSION = 1
+SNAPSHOT_HEADER = struct.Struct(">hIi")  # version, CRC-32C of everything after byte 6, count
+SNAPSHOT_ENTRY = struct.Struct(">qhiqiqiq")  # 46 bytes, see ProducerStateEntry field order
+_CONTROL_KEY = struct.Struct(">hh")  # version, type
+_MARKER_VALUE = struct.Struct(">hi")  # version, coordinator epoch
+_ATTR_TRANSACTIONAL = 0x10
+_ATTR_CONTROL = 0x20
+_INT32_MAX = 0x7FFFFFFF
+
+
+def increment_sequence(sequence: int, increment: int) -> int:
+    """Kafka's DefaultRecordBatch.incrementSequence: wraps from 2^31-1 to 0."""
+    if sequence > _INT32_MAX - increment:
+        return increment - (_INT32_MAX - sequence) - 1
+    return sequence + increment
+
+
+@dataclass
+class ProducerStateEntry:
+    """What the log remembers of one producer (Kafka's ProducerStateEntry with one batch of
+    metadata: the last data batch). ``last_data_offset`` is -1 when no data batch of the
+    current epoch is known."""
+
+    producer_id: int
+    producer_epoch: int = -1
+    last_sequence: int = -1
+    last_data_offset: int = -1
+    last_offset_delta: int = 0
+    last_timestamp: int = -1
+    coordinator_epoch: int = -1
+    current_txn_first_offset: int = -1
+
+    def maybe_update_epoch(self, epoch: int) -> None:
+        """A new epoch forgets the previous epoch's batch (Kafka's maybeUpdateProducerEpoch)."""
+        if epoch != self.producer_epoch:
+            self.last_sequence, self.last_data_offset, self.last_offset_delta = -1, -1, 0
+            self.producer_epoch = epoch
+
+
+class CompletedTxn(NamedTuple):
+    """A transaction closed by a marker: [first_offset, last_offset = marker offset]."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    is_aborted: bool
+
+
+class _Marker(NamedTuple):
+    control_type: int  # ControlRecordType value; -1 (UNKNOWN) for anything unreadable
+    coordinator_epoch: int
+    timestamp: int
+
+
+def _read_marker(buf, position: int, size: int) -> Optional[_Marker]:
+    """The record of the control batch at ``position``: None for an empty control batch."""
+    try:
+        recs = _core.decode_records(buf, position, position + size, include_control=True,
+                                    validate_crc=False)
+    except CorruptRecordError as e:
+        log.warning("unreadable control record at position %d: %s", position, e)
+        return _Marker(int(ControlRecordType.UNKNOWN), -1, -1)
+    if not recs:
+        return None
+    r = recs[0]
+    ctype = ControlRecordType.UNKNOWN
+    if r.key is not None and len(r.key) >= 4:
+        ctype = _CONTROL_KEY.unpack_from(r.key)[1]
+    coord = -1
+    if ctype in (ControlRecordType.ABORT, ControlRecordType.COMMIT):
+        if r.value is None or len(r.value) < 6:
+            ctype = ControlRecordType.UNKNOWN
+        else:
+            coord = _MARKER_VALUE.unpack_from(r.value)[1]
+    return _Marker(int(ctype), coord, r.timestamp)
+
+
+class ProducerStateManager:
+    """The producer state of one partition log. Mutated by the log's writer under its lock;
+    :meth:`first_unstable_offset` is safe to read from any thread."""
+
+    def __init__(self) -> None:
+        self._producers: dict[int, ProducerStateEntry] = {}
+        self._ongoing: dict[int, int] = {}  # open transactions: first offset -> producer id
+        self._first_unstable: Optional[int] = None
+        self.map_end_offset = 0  # the next offset the state has seen (Kafka's mapEndOffset)
+
+    # -- queries ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    def get(self, producer_id: int) -> Optional[ProducerStateEntry]:
+        """The entry of ``producer_id`` (the live object: do not change it), or None."""
+        return self._producers.get(producer_id)
+
+    @property
+    def producers(self) -> dict[int, ProducerStateEntry]:
+        """A copy of every entry, by producer id."""
+        return {pid: ProducerStateEntry(**vars(e)) for pid, e in self._producers.items()}
+
+    def first_unstable_offset(self) -> Optional[int]:
+        """First offset of the oldest open transaction, or None when none is open."""
+        return self._first_unstable
+
+    def ongoing_transactions(self) -> dict[int, int]:
+        """Open transactions as {first offset: producer id}, oldest first."""
+        return dict(sorted(self._ongoing.items()))
+
+    def active_producers(self) -> dict[int, tuple[int, int]]:
+        """{producer id: (last data offset or -1, epoch)} (Kafka's lastRecordsOfActiveProducers)."""
+        return {pid: (e.last_data_offset, e.producer_epoch) for pid, e in self._producers.items()}
+
+    # -- changes ----------------------------------------------------------------------------
+    def clear(self, map_end_offset: int = 0) -> None:
+        """Forget every producer (a log truncated fully)."""
+        self._producers.clear()
+        self._ongoing.clear()
+        self._first_unstable = None
+        self.map_end_offset = map_end_offset
+
+    def _set_ongoing(self, first_offset: int, producer_id: Optional[int]) -> None:
+        if producer_id is None:
+            self._ongoing.pop(first_offset, None)
+        else:
+            self._ongoing[first_offset] = producer_id
+        self._first_unstable = min(self._ongoing) if self._ongoing else None
+
+    def _last_stable_offset(self, txn: CompletedTxn) -> int:
+        # Kafka's lastStableOffset(completedTxn): the oldest transaction still open by another
+        # producer bounds what is stable; if there is none, everything up to the marker is.
+        others = [first for first, pid in self._ongoing.items() if pid != txn.producer_id]
+        return min(others) if others else txn.last_offset + 1
+
+    def validate(self, buf, batches: np.ndarray) -> None:
+        """Reject an append Kafka's leader would reject (before anything is written): a batch
+        of an older producer epoch (fenced), a non-transactional batch while the producer's
+        transaction is open, a marker of an older coordinator epoch or of no marker type.
+        Duplicate sequences are not checked."""
+        rows = _producer_rows(batches)
+        if not len(rows):
+            return
+        seen: dict[int, tuple[int, int, bool]] = {}  # pid -> (epoch, coordinator epoch, open txn)
+        for b in rows:
+            pid, epoch = int(b["producer_id"]), int(b["producer_epoch"])
+            cur = self._producers.get(pid)
+            state = seen.get(pid) or ((cur.producer_epoch, cur.coordinator_epoch,
+                                       cur.current_txn_first_offset >= 0) if cur else (-1, -1, False))
+            cur_epoch, coord_epoch, open_txn = state
+            if epoch < cur_epoch:
+                raise InvalidRecordError(
+                    f"producer {pid} is fenced: epoch {epoch} is older than its current epoch "
+                    f"{cur_epoch}")
+            if int(b["attributes"]) & _ATTR_CONTROL:
+                marker = _read_marker(buf, int(b["position"]), int(b["size"]))
+                if marker is None:
+                    continue
+                if marker.control_type not in (ControlRecordType.ABORT, ControlRecordType.COMMIT):
+                    raise InvalidRecordError(
+                        f"control batch of producer {pid} is not a COMMIT or ABORT marker")
+                if marker.coordinator_epoch < coord_epoch:
+                    raise InvalidRecordError(
+                        f"transaction marker of producer {pid} has coordinator epoch "
+                        f"{marker.coordinator_epoch}, older than {coord_epoch}")
+                seen[pid] = (epoch, marker.coordinator_epoch, False)
+            else:
+                transactional = bool(int(b["attributes"]) & _ATTR_TRANSACTIONAL)
+                if open_txn and not transactional:
+                    raise InvalidRecordError(
+                        f"non-transactional batch of producer {pid} while its transaction is open")
+                seen[pid] = (epoch, coord_epoch, open_txn or transactional)
+
+    def update(self, buf, batches: np.ndarray, segment=None) -> list[AbortedTxn]:
+        """Replay batches (headers as scanned from ``buf``) in order. Aborted transactions that
+        complete here are returned and, given ``segment``, appended to its ``.txnindex``."""
+        aborted: list[AbortedTxn] = []
+        if len(batches):
+            for b in _producer_rows(batches):
+                txn = self._update_one(buf, b)
+                if txn is None:
+                    continue
+                if txn.is_aborted:
+                    entry = AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset,
+                                       self._last_stable_offset(txn))
+                    if segment is not None:
+                        segment.txn_index.append(entry)
+                    aborted.append(entry)
+                self._set_ongoing(txn.first_offset, None)  # Kafka's completeTxn
+            self.map_end_offset = max(self.map_end_offset, int(batches["last_offset"][-1]) + 1)
+        return aborted
+
+    def _update_one(self, buf, b) -> Optional[CompletedTxn]:
+        pid = int(b["producer_id"])
+        entry = self._producers.get(pid)
+        if entry is None:
+            entry = self._producers[pid] = ProducerStateEntry(pid)
+        epoch = int(b["producer_epoch"])
+        if int(b["attributes"]) & _ATTR_CONTROL:
+            marker = _read_marker(buf, int(b["position"]), int(b["size"]))
+            if marker is None:
+                return None  # an empty control batch: its transaction was cleaned away
+            if marker.control_type not in (ControlRecordType.ABORT, ControlRecordType.COMMIT):
+                log.warning("ignoring control batch of type %d of producer %d at offset %d",
+                            marker.control_type, pid, int(b["base_offset"]))
+                return None
+            entry.maybe_update_epoch(epoch)
+            first = entry.current_txn_first_offset
+            entry.current_txn_first_offset = -1
+            entry.coordinator_epoch = marker.coordinator_epoch
+            entry.last_timestamp = marker.timestamp
+            if first < 0:
+                return None  # an empty transaction: nothing to complete
+            return CompletedTxn(pid, first, int(b["base_offset"]),
+                                marker.control_type == ControlRecordType.ABORT)
+        delta = int(b["last_offset_delta"])
+        entry.maybe_update_epoch(epoch)
+        base_seq = int(b["base_sequence"])
+        entry.last_sequence = -1 if base_seq < 0 else increment_sequence(base_seq, delta)
+        entry.last_data_offset = int(b["last_offset"])
+        entry.last_offset_delta = delta
+        entry.last_timestamp = int(b["max_timestamp"])
+        if int(b["attributes"]) & _ATTR_TRANSACTIONAL and entry.current_txn_first_offset < 0:
+            entry.current_txn_first_offset = int(b["base_offset"])
+            self._set_ongoing(entry.current_txn_first_offset, pid)
+        return None
+
+    # -- rebuilding -------------------------------------------------------------------------
+    @classmethod
+    def rebuild(cls, segments, *, rewrite_txn_index=(), fill_missing_txn_index: bool = False,
+                ) -> "ProducerStateManager":
+        """Replay the batch headers of every segment in order. Segments whose base offset is in
+        ``rewrite_txn_index`` (their index was reset by recovery) get the aborted transactions
+        completed in them appended; with ``fill_missing_txn_index`` so does any segment that
+        has no ``.txnindex`` file although aborted transactions complete in it."""
+        psm = cls()
+        rewrite = set(rewrite_txn_index)
+        for seg in segments:
+            buf, batches = seg.read_batch_headers()
+            if not len(batches):
+                continue
+            if seg.base_offset in rewrite:
+                psm.update(buf, batches, seg)
+                continue
+            aborted = psm.update(buf, batches)
+            if aborted and fill_missing_txn_index and not seg.txn_index.exists:
+                log.warning("writing the %d aborted transactions missing from %s", len(aborted),
+                            seg.txn_index.path)
+                for t in aborted:
+                    seg.txn_index.append(t)
+        if segments:
+            psm.map_end_offset = max(psm.map_end_offset, segments[-1].read_next_offset())
+        return psm
+
+    # -- snapshots --------------------------------------------------------------------------
+    def snapshot_bytes(self) -> bytes:
+        """The state in Kafka's producer snapshot layout (version 1, REF §2.5)."""
+        body = bytearray(struct.pack(">i", len(self._producers)))
+        for pid in sorted(self._producers):
+            e = self._producers[pid]
+            body += SNAPSHOT_ENTRY.pack(pid, e.producer_epoch, e.last_sequence, e.last_data_offset,
+                                        e.last_offset_delta, e.last_timestamp,
+                                        e.coordinator_epoch, e.current_txn_first_offset)
+        crc = _core.crc32c(bytes(body))
+        return struct.pack(">hI", SNAPSHOT_VERSION, crc) + bytes(body)
+
+    @classmethod
+    def from_snapshot_bytes(cls, data: bytes, path: str = "<snapshot>") -> "ProducerStateManager":
+        """Parse a snapshot; CorruptIndexError on a bad version, CRC or length."""
+        if len(data) < SNAPSHOT_HEADER.size:
+            raise CorruptIndexError(f"producer snapshot {path} is too short ({len(data)} bytes)")
+        version, crc, count = SNAPSHOT_HEADER.unpack_from(data)
+        if version != SNAPSHOT_VERSION:
+            raise CorruptIndexError(f"producer snapshot {path} has unknown version {version}")
+        if _core.crc32c(data[6:]) != crc:
+            raise CorruptIndexError(f"producer snapshot {path} fails its CRC check")
+        if count < 0 or len(data) != SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size:
+            raise CorruptIndexError(f"producer snapshot {path}: {count} entries do not fill "
+                                    f"{len(data)} bytes")
+        psm = cls()
+        for fields in SNAPSHOT_ENTRY.iter_unpack(data[SNAPSHOT_HEADER.size:]):
+            e = ProducerStateEntry(*fields)
+            psm._producers[e.producer_id] = e
+            if e.current_txn_first_offset >= 0:
+                psm._set_ongoing(e.current_txn_first_offset, e.producer_id)
+        return psm
+
+    def write_snapshot(self, directory: str, offset: int) -> Optional[str]:
+        """Write ``<offset>.snapshot`` atomically, or nothing when no producer is known (a clean
+        open without a snapshot starts empty, as Kafka's does). Older snapshots are removed."""
+        delete_snapshots(directory)
+        if not self._producers:
+            return None
+        path = snapshot_path(directory, offset)
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(self.snapshot_bytes())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        fsync_dir(directory)
+        return path
+
+
+def _producer_rows(batches: np.ndarray) -> np.ndarray:
+    """The v2 batches that carry a producer id (all other batches leave the state alone)."""
+    if not len(batches):
+        return batches
+    mask = batches["producer_id"] >= 0
+    if not mask.any():
+        return batches[:0]
+    return batches[mask & (batches["magic"] >= 2)]
+
+
+def snapshot_path(directory: str, offset: int) -> str:
+    """``<directory>/<20-digit offset>.snapshot``."""
+    return os.path.join(directory, f"{offset:020d}{SNAPSHOT_SUFFIX}")
+
+
+def list_snapshots(directory: str) -> dict[int, str]:
+    """Producer snapshot files of a partition directory, by offset."""
+    out = {}
+    for n in os.listdir(directory):
+        if n.endswith(SNAPSHOT_SUFFIX) and n[:-len(SNAPSHOT_SUFFIX)].isdigit():
+            out[int(n[:-len(SNAPSHOT_SUFFIX)])] = os.path.join(directory, n)
+    return out
+
+
+def delete_snapshots(directory: str) -> int:
+    """Remove every producer snapshot of the directory; returns how many went."""
+    n = 0
+    for path in list_snapshots(directory).values():
+        try:
+            os.unlink(path)
+            n += 1
+        except FileNotFoundError:
+            pass
+    return n
+
+
+def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
+                        recovered=(), log_end_offset: int) -> ProducerStateManager:
+    """The producer state of a log being opened (REF §4.2 step 11, simplified).
+
+    After a clean shutdown with nothing recovered: the snapshot at the log end offset if there
+    is one, or an empty state if there is no snapshot at all (Kafka's rule for a clean shutdown
+    without snapshots). Otherwise every segment's batch headers are replayed; segments in
+    ``recovered`` get their transaction index rebuilt, segments missing one get it written.
+    Snapshots are deleted once read: while the log is open none is on disk, so none can go
+    stale (a clean close writes the next).
+    """
+    snaps = list_snapshots(directory)
+    psm = None
+    if had_clean_shutdown and not recovered:
+        path = snaps.get(log_end_offset)
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    psm = ProducerStateManager.from_snapshot_bytes(f.read(), path)
+            except CorruptIndexError as e:
+                log.warning("rebuilding producer state from the log: %s", e)
+        elif not snaps:
+            psm = ProducerStateManager()
+    if psm is None:
+        psm = ProducerStateManager.rebuild(segments, rewrite_txn_index=recovered,
+                                           fill_missing_txn_index=True)
+    psm.map_end_offset = log_end_offset
+    if snaps and delete_snapshots(directory):
+        fsync_dir(directory)
+    return psm
+
+
+def stamp_log_append_time(batch: bytearray, now: int) -> bytearray:
+    """Mark a v2 batch LogAppendTime in place (attribute bit 3, maxTimestamp = ``now``) and give
+    it a fresh CRC; used for control batches, whose bytes cannot be re-encoded as data."""
+    attrs = struct.unpack_from(">h", batch, 21)[0] | 0x08
+    struct.pack_into(">h", batch, 21, attrs)
+    struct.pack_into(">q", batch, 35, now)
+    struct.pack_into(">I", batch, 17, _core.crc32c(bytes(batch[21:])))
+    return batch
+
+
+__all__ = ["AbortedTxn", "CompletedTxn", "ProducerStateEntry", "ProducerStateManager",
+           "load_producer_state", "snapshot_path", "list_snapshots", "delete_snapshots",
+           "increment_sequence", "stamp_log_append_time"]
