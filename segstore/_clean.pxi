@@ -231,9 +231,12 @@ cdef class OffsetMap:
         self.memory = memory
         self.load_factor = load_factor
         self.strategy = strategy
-        # Zeroed pages come from the OS lazily: a fresh map costs memory only as slots fill.
-        self._array = np.zeros(self.m.slots * self.m.words, dtype=np.uint64)
-        cdef uint64_t[::1] words = self._array
+        # An anonymous mapping: zeroed pages come from the OS lazily, so a fresh map costs
+        # memory only as slots fill. (numpy would ask for transparent huge pages, and a sparse
+        # first round then stalls zeroing and compacting 2 MiB pages.)
+        self._array = _mmap.mmap(-1, self.m.slots * self.m.words * 8,
+                                 flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS)
+        cdef uint64_t[::1] words = memoryview(self._array).cast("Q")
         self.m.mem = &words[0]
         self.m.entries = self.m.lookups = self.m.probes = 0
         self.m.latest_offset = -1
@@ -310,8 +313,9 @@ cdef class OffsetMap:
     def clear(self) -> None:
         """Zero the buffer and the counters; latest offset -1."""
         if self._dirty:
-            with nogil:
-                memset(self.m.mem, 0, self.m.slots * self.m.words * 8)
+            # Dropping the pages zeroes them (anonymous memory) at the cost of only the pages
+            # the map touched, and gives the memory back between rounds.
+            self._array.madvise(_mmap.MADV_DONTNEED)
         self._dirty = False
         self.m.entries = self.m.lookups = self.m.probes = 0
         self.m.latest_offset = -1
