@@ -584,6 +584,10 @@ class LogSegment:
             if bad >= 0:
                 problems.append(Problem(index.path, bad * index.entry_size,
                                         "entry out of order (damage or zero padding)"))
+        try:  # whole version-0 entries, none below the base offset
+            self.txn_index.sanity_check()
+        except CorruptIndexError as e:
+            problems.append(Problem(self.txn_index.path, 0, str(e)))
         times = self.time_index.entries_array()
         if len(times) and len(b):
             offs = times["rel"].astype(np.int64) + self.base_offset

@@ -655,3 +655,16 @@ def test_appends_and_recovery_write_the_same_indexes(tmp_path_factory, ops):
     assert again.active_producers() == producers
     check_against_model(again, d.model)
     again.close()
+
+
+def test_verify_reports_a_damaged_txn_index(tmp_path):
+    log, d = build(tmp_path / "t-0")
+    assert log.verify() == []
+    names = sorted(os.listdir(tmp_path / "t-0"))
+    seg = next(s for s in log.segments if os.path.exists(s.txn_index_path))
+    with open(seg.txn_index_path, "ab") as f:
+        f.write(b"\x01\x02\x03")
+    problems = log.verify()
+    assert [(p.file, p.position) for p in problems] == [(seg.txn_index_path, 0)]
+    assert "not a multiple" in problems[0].message
+    assert sorted(os.listdir(tmp_path / "t-0")) == names  # no file created by checking
