@@ -180,10 +180,10 @@ def cleaned_files(directory) -> list[str]:
     return sorted(n for n in os.listdir(directory) if ".cleaned" in n or ".swap" in n)
 
 
-def write_partition(root, clock, segments, topic_cfg=None, **store_cfg):
+def write_partition(root, clock, segments, topic_cfg=None, indexes=True, **store_cfg):
     """Create topic ``t`` and replace its partition directory by hand-written segment files:
     ``segments`` maps base offset -> bytes of the .log file (empty index files are written so
-    the loader keeps the data as is). Returns the reopened store."""
+    the loader keeps the data as is, unless ``indexes=False``). Returns the reopened store."""
     st = open_store(root, clock, **store_cfg)
     compacted_topic(st, **(topic_cfg or {}))
     pdir = st.partition("t", 0).directory
@@ -193,7 +193,7 @@ def write_partition(root, clock, segments, topic_cfg=None, **store_cfg):
     for base, data in segments.items():
         with open(os.path.join(pdir, "%020d.log" % base), "wb") as f:
             f.write(data)
-        for suffix in (".index", ".timeindex"):
+        for suffix in (".index", ".timeindex") if indexes else ():
             open(os.path.join(pdir, "%020d%s" % (base, suffix)), "wb").close()
     return open_store(root, clock, **store_cfg)
 
@@ -298,7 +298,7 @@ def test_cleaned_segment_of_a_preallocated_topic_is_trimmed(root, clock):
     assert offsets(lg) == [0, 4, 5]
 
 
-# -- #37 large batches, buffer growth and corrupt segments -----------------------------------------
+# -- #37 large batches, buffer growth and corrupt segments ----------------------------------------
 
 def test_batches_larger_than_the_io_buffer_and_max_message_bytes(root, clock, caplog):
     """#37 (KAFKA-4019, KAFKA-6834): batches bigger than the cleaner's chunk (at least 4 MiB
@@ -358,7 +358,7 @@ def test_corrupt_segment_raises_corrupt_record_error(root, clock, damage):
     assert st.metrics()["uncleanable-partitions-count"] == 1
 
 
-# -- #38 tombstones and the KIP-534 delete horizon ---------------------------------------------------
+# -- #38 tombstones and the KIP-534 delete horizon ------------------------------------------------
 
 def roll_with_filler(lg, clock, key=b"filler"):
     """New dirty data, so that the store has something to clean in the next round."""
@@ -558,7 +558,7 @@ def test_stats_of_a_store_round(root, clock):
     assert d["messages_written"] == 6 and "elapsed_secs" in d
 
 
-# -- #40 partial cleaning with a tiny map -------------------------------------------------------------
+# -- #40 partial cleaning with a tiny map ---------------------------------------------------------
 
 def test_partial_segment_clean_makes_progress(root, clock):
     """#40, Kafka's testPartialSegmentClean: a 2-slot map at load factor 0.75 maps one key per
@@ -623,7 +623,7 @@ def test_build_partial_offset_map(root, clock):
     assert stats.map_messages_read == 4
 
 
-# -- #41 the uncleanable section -------------------------------------------------------------------------
+# -- #41 the uncleanable section ------------------------------------------------------------------
 
 def test_segments_after_the_first_uncleanable_offset_are_untouched(root, clock):
     """#41: segments at or after the first uncleanable offset (here: newer than
@@ -666,7 +666,7 @@ def seg_records(seg) -> list[tuple]:
             for o, _, k, v, _ in recs]
 
 
-# -- #42 LogToClean ------------------------------------------------------------------------------------
+# -- #42 LogToClean -------------------------------------------------------------------------------
 
 def one_record_segments(lg, n, ts=lambda i: T0):
     for i in range(n):
@@ -703,7 +703,7 @@ def test_log_to_clean_with_an_uncleanable_section(root, clock):
     assert ltc.cleanable_ratio == pytest.approx(cleanable / (clean + cleanable))
 
 
-# -- #43 aborts ------------------------------------------------------------------------------------------
+# -- #43 aborts -----------------------------------------------------------------------------------
 
 def abort_log(root, clock):
     st = open_store(root, clock)
@@ -771,7 +771,7 @@ def test_truncation_during_cleaning_aborts_the_swap(root, clock):
     assert records(lg) == [r for r in before if r[0] < cut]
 
 
-# -- #44 the round's last offset survives -----------------------------------------------------------
+# -- #44 the round's last offset survives ---------------------------------------------------------
 
 def test_last_batch_of_the_round_is_retained_empty(root, clock):
     """#44, Kafka's testCleanSegmentsRetainingLastEmptyBatch: when every record of the cleaned
@@ -828,7 +828,7 @@ def test_store_round_keeps_the_last_offset_of_keyless_data(root, clock):
     assert lg.log_end_offset == 5 and records(lg) == [(1, b"k", b"b")]
 
 
-# -- #45 grouping segments ----------------------------------------------------------------------------
+# -- #45 grouping segments ------------------------------------------------------------------------
 
 def check_order(groups, segs):
     assert [s for g in groups for s in g] == list(segs)
@@ -913,7 +913,8 @@ def test_grouping_rules_on_random_segments():
             base += rng.choice([1, 5, 100, 2 ** 30, 2 ** 31])
             empty = rng.random() < 0.2
             segs.append(fake_segment(base, 0 if empty else rng.randint(1, 400),
-                                     0 if empty else rng.randint(1, 5), 0 if empty else rng.randint(1, 3)))
+                                     0 if empty else rng.randint(1, 5),
+                                     0 if empty else rng.randint(1, 3)))
         fu = segs[-1].base_offset + rng.choice([1, 10, 2 ** 31])
         max_size, max_index = rng.choice([50, 400, 1000, INT_MAX]), rng.choice([8, 40, INT_MAX])
         groups = group_segments_by_size(segs, max_size, max_index, fu)
@@ -964,7 +965,7 @@ def test_sparse_offsets_and_empty_segments_on_disk(root, clock):
     assert records(lg) == [(3 * g - 1, b"key", b"val"), (3 * g, b"key", b"val")]
 
 
-# -- #46 building the offset map ---------------------------------------------------------------------
+# -- #46 building the offset map ------------------------------------------------------------------
 
 def test_build_offset_map_over_segment_aligned_ranges(root, clock):
     """#46, Kafka's testBuildOffsetMap."""
@@ -1000,7 +1001,7 @@ def test_build_offset_map_with_sparse_huge_offsets(root, clock):
     assert (m.latest_offset, m.size, m.get(b"0"), m.get(b"1")) == (end, 2, 0, end)
 
 
-# -- #49 offset gaps (KAFKA-8764) ---------------------------------------------------------------------
+# -- #49 offset gaps (KAFKA-8764) -----------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", [
     {0: range(0, 10), 11: [11]},
@@ -1021,7 +1022,7 @@ def test_cleaning_moves_past_offset_gaps(root, clock, layout):
     assert offsets(lg) == [o for offs in layout.values() for o in offs]
 
 
-# -- #50 metric gauges ---------------------------------------------------------------------------------
+# -- #50 metric gauges ----------------------------------------------------------------------------
 
 def test_cleaner_gauges(root, clock):
     """#50, Kafka's testMaxBufferUtilizationPercentMetric / testMaxCleanTimeMetric /
@@ -1076,3 +1077,368 @@ def test_gauges_after_a_round(root, clock):
     m = st.metrics()
     assert m["max-dirty-percent"] == int(100 * ratio)
     assert m["max-buffer-utilization-percent"] == 30      # max of 3/10 (thread -1) and 1/10
+
+
+# -- #48 legacy (magic 0/1) message sets ----------------------------------------------------------
+#
+# segstore never writes v0/v1, but a Kafka broker's old segments may hold them (REF §1.10). The
+# batches are packed by hand (conftest.legacy_message / legacy_wrapper: struct + zlib.crc32, as
+# Kafka wrote them) into a partition directory, which the store then opens and cleans. REF
+# §1.10/§6.8: fully retained legacy batches may stay; a legacy batch that loses records is
+# rewritten as a v2 batch (baseOffset = first retained offset, same codec); legacy tombstones
+# follow the pre-KIP-534 segment-mtime rule (§6.10).
+
+def legacy_records(offsets_keys, magic=1, ts=T0):
+    return b"".join(legacy_message(magic, o, k, None if v is None else v, ts + o)
+                    for o, k, v in offsets_keys)
+
+
+@pytest.mark.parametrize("magic", [0, 1])
+def test_uncompressed_legacy_messages_are_cleaned(root, clock, magic):
+    data = legacy_records([(o, kv(o % 3), kv(o)) for o in range(6)], magic=magic)
+    st = write_partition(root, clock, {0: data, 6: v2([(6, b"9", b"6")])})
+    lg = st.partition("t", 0)
+    st.compact("t", 0, force=True)
+    assert records(lg) == [(3, b"0", b"3"), (4, b"1", b"4"), (5, b"2", b"5"), (6, b"9", b"6")]
+    kept = read_file(lg.segments[0].log_path)
+    # Each kept legacy message is its own (fully retained) batch: copied byte for byte.
+    assert kept == data[batch_spans(data)[3][0]:]
+    if magic == 1:
+        assert [r.timestamp for r in lg.iter_records()][:3] == [T0 + 3, T0 + 4, T0 + 5]
+
+
+@pytest.mark.parametrize("magic", [0, 1])
+def test_partly_retained_legacy_wrapper_is_rewritten_as_v2(root, clock, magic):
+    wrapper = legacy_wrapper(magic, [0, 1, 2],
+                             [(T0, b"a", b"0"), (T0 + 1, b"b", b"1"), (T0 + 2, b"a", b"2")], 2)
+    st = write_partition(root, clock, {0: wrapper, 3: v2([(3, b"z", b"3")])})
+    lg = st.partition("t", 0)
+    st.compact("t", 0, force=True)
+    assert records(lg) == [(1, b"b", b"1"), (2, b"a", b"2"), (3, b"z", b"3")]
+    [b] = segment_batches(lg.segments[0])
+    assert b["magic"] == 2 and b["attributes"] & 0x07 == 1           # v2, still gzip
+    assert (b["base_offset"], b["base_offset"] + b["last_offset_delta"]) == (1, 2)
+    assert crc_ok(b["bytes"])
+    got = kp_parse(b["bytes"])[0][3]
+    assert [(o, k, v) for o, _, k, v, _ in got] == [(1, b"b", b"1"), (2, b"a", b"2")]
+    if magic == 1:
+        assert [ts for _, ts, _, _, _ in got] == [T0 + 1, T0 + 2]
+
+
+# Regression (found by these tests, fixed in the same session): a legacy compressed wrapper
+# that kept all its records was copied verbatim (Cleaner._filter_legacy); the scan of the output
+# reports baseOffset -1 for such a wrapper, LogSegment.append rejected it ("offsets -1..N cannot
+# be stored relative to segment base"), the round failed and the partition became uncleanable.
+
+
+def test_kafka_4298_broken_compressed_sets_are_rewritten(root, clock):
+    """#48, Kafka's testCleanCorruptMessageSet: old cleaners wrote gzip sets with outer magic 1
+    and inner magic 0 (absolute inner offsets). One set has duplicates, one does not; after
+    cleaning every record's value is its offset and every inner message has its wrapper's
+    magic."""
+    def broken(first, ks):
+        inner = b"".join(legacy_message(0, first + i, kv(k), kv(first + i))
+                         for i, k in enumerate(ks))
+        return legacy_message(1, first + len(ks) - 1, None, gzip.compress(inner, mtime=0), T0, 1)
+    data = broken(25, [0, 1, 0, 1]) + broken(50, [3, 4])
+    st = write_partition(root, clock, {0: data, 52: v2([(52, b"9", b"52")])})
+    lg = st.partition("t", 0)
+    assert [o for o, _, _ in records(lg)] == [25, 26, 27, 28, 50, 51, 52]
+    st.compact("t", 0, force=True)
+    assert records(lg) == [(27, b"0", b"27"), (28, b"1", b"28"), (50, b"3", b"50"),
+                           (51, b"4", b"51"), (52, b"9", b"52")]
+    out = read_file(lg.segments[0].log_path)
+    for pos, size in batch_spans(out):
+        outer = out[pos + 16]
+        if outer < 2 and out[pos + 17] & 0x07:            # a legacy wrapper: check its inner magics
+            value_len = struct.unpack_from(">i", out, pos + (34 if outer == 1 else 26))[0]
+            inner = gzip.decompress(out[pos + size - value_len:pos + size])
+            assert {inner[p + 16] for p, _ in batch_spans(inner)} == {outer}
+
+
+def test_fully_retained_legacy_wrapper(root, clock):
+    wrapper = legacy_wrapper(1, [0, 1, 2],
+                             [(T0, b"a", b"0"), (T0, b"b", b"1"), (T0, b"c", b"2")], 2)
+    st = write_partition(root, clock, {0: wrapper, 3: v2([(3, b"z", b"3")])})
+    lg = st.partition("t", 0)
+    [stats] = st.compact("t", 0, force=True)
+    assert records(lg) == [(0, b"a", b"0"), (1, b"b", b"1"), (2, b"c", b"2"), (3, b"z", b"3")]
+    assert stats.messages_written == stats.messages_read == 3
+    assert [r.timestamp for r in lg.iter_records()][:3] == [T0] * 3
+    assert TP not in st.cleaner_manager.uncleanable
+
+
+def test_legacy_tombstones_follow_the_segment_mtime_rule(root, clock):
+    """REF §6.10: a v0/v1 tombstone is kept while its source segment's mtime is after
+    (mtime of the clean section's last segment - delete.retention.ms); a v2 tombstone in the
+    same round follows its KIP-534 horizon instead."""
+    dr = 1000
+    data = legacy_records([(0, b"x", b"a"), (1, b"x", None), (2, b"y", b"b")])
+    st = write_partition(root, clock, {0: data, 3: v2([(3, b"v", None)]),
+                                       4: v2([(4, b"w", b"d")])},
+                         topic_cfg={"segment.bytes": 150, "delete.retention.ms": dr})
+    lg = st.partition("t", 0)
+    st.compact("t", 0, force=True)       # no clean section yet: every tombstone stays
+    assert records(lg) == [(1, b"x", None), (2, b"y", b"b"), (3, b"v", None), (4, b"w", b"d")]
+    assert [s.base_offset for s in lg.segments] == [0, 3, 4]
+    lg.roll()
+    seg0, seg3 = lg.segments[:2]
+    old = seg3.last_modified_ms / 1000 - dr / 1000 - 5
+    os.utime(seg0.log_path, (old, old))
+    st.compact("t", 0, force=True)
+    assert records(lg) == [(2, b"y", b"b"), (3, b"v", None), (4, b"w", b"d")]
+
+
+# Regression (found by these tests, fixed in the same session): Loader, not cleaner:
+# recover_segment keeps only consistent_prefix(batches, base) (segment.py:45-53), and scan_batches
+# reports baseOffset -1 for a legacy compressed wrapper, so `batches['base_offset'] < base_offset`
+# marks the first wrapper bad and the segment is truncated to 0 bytes: a Kafka segment with v0/v1
+# compressed sets loses all its data whenever it is recovered (missing index, unclean shutdown).
+def test_legacy_compressed_segment_survives_recovery(root, clock):
+    wrapper = legacy_wrapper(1, [0, 1, 2],
+                             [(T0, b"a", b"0"), (T0, b"b", b"1"), (T0, b"a", b"2")], 2)
+    st = write_partition(root, clock, {0: wrapper, 3: v2([(3, b"z", b"3")])}, indexes=False)
+    lg = st.partition("t", 0)
+    assert records(lg) == [(0, b"a", b"0"), (1, b"b", b"1"), (2, b"a", b"2"), (3, b"z", b"3")]
+
+
+# -- every codec ---------------------------------------------------------------------------------
+
+CODECS = ["gzip", "snappy", "lz4", "zstd"]
+CODEC_ID = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def aio_parse(data: bytes) -> list[tuple]:
+    out, mr = [], AioMemoryRecords(data)
+    while mr.has_next():
+        b = mr.next_batch()
+        assert b.validate_crc()
+        out += [(r.offset, r.timestamp, r.key, r.value) for r in b]
+    return out
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_cleaning_every_codec(root, clock, codec):
+    """REF §7 #57's "cleaning works for every codec": rebuilt batches keep their codec (at its
+    default level), untouched ones stay byte-identical, aiokafka (cramjam) reads the result."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, segment_bytes=1 << 20, delete_retention_ms=1000)
+    payload = lambda i: (b"value-%d-" % i) * 40
+    lg.append_batch([payload(0), payload(1), payload(2), payload(3)],
+                    keys=[b"a", b"b", b"c", b"a"], compression=codec, timestamps_ms=[T0 - 4] * 4)
+    lg.append_batch([None, payload(5)], keys=[b"b", b"d"], compression=codec,
+                    timestamps_ms=[T0 - 3] * 2)
+    lg.append_batch([payload(6), payload(7)], keys=[b"e", b"f"], compression=codec,
+                    timestamps_ms=[T0 - 2] * 2)
+    lg.roll()
+    untouched = all_batches(lg)[2]["bytes"]
+    st.compact("t", 0, force=True)
+    expected = [(2, b"c", payload(2)), (3, b"a", payload(3)), (4, b"b", None),
+                (5, b"d", payload(5)), (6, b"e", payload(6)), (7, b"f", payload(7))]
+    assert records(lg) == expected
+    b = all_batches(lg)
+    assert [x["attributes"] & 0x07 for x in b] == [CODEC_ID[codec]] * 3
+    assert [(x["base_offset"], x["last_offset_delta"], x["records_count"]) for x in b] == \
+        [(0, 3, 2), (4, 1, 2), (6, 1, 2)]
+    assert b[1]["attributes"] & ATTR_DELETE_HORIZON and not b[0]["attributes"] & ATTR_DELETE_HORIZON
+    assert b[2]["bytes"] == untouched
+    assert all(crc_ok(x["bytes"]) for x in b)
+    assert [(o, k, v) for o, _, k, v in aio_parse(read_file(lg.segments[0].log_path))] == expected
+    # Decompressed size would not fit: the payloads really are compressed.
+    assert b[0]["size"] < len(payload(2)) + len(payload(3))
+
+    clock.advance(1000)
+    roll_with_filler(lg, clock)
+    st.compact("t", 0, force=True)
+    assert records(lg)[:5] == [r for r in expected if r[2] is not None]
+    b = all_batches(lg)
+    assert b[1]["attributes"] & 0x07 == CODEC_ID[codec] and b[1]["records_count"] == 1
+
+
+# Regression (found by these tests, fixed in the same session): Heap overflow: the output room for
+# a batch is _room_needed() = compressed batch size + 10/record + 61 (_clean.pxi:594), checked by
+# filter_one (_clean.pxi:899) and reserved by Cleaner._clean_into (cleaner.py:352), but
+# _filter_batch writes the rebuilt batch uncompressed from the decompressed payload
+# (cleaner.py:419) without a bound: 6.4 MB of records written into a ~4.5 MB bytearray;
+# compress_batch_at then raises 'no batch at that range of the buffer' and the process aborts on
+# the corrupted heap.
+def test_rebuilt_batch_larger_than_the_output_buffer(tmp_path):
+    """KAFKA-5316: a compressed batch that loses a record is rebuilt from its decompressed
+    records, which can be far larger than the compressed batch (and than the cleaner's output
+    buffer). Run in a child process: a write past the buffer kills the interpreter."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
+        from conftest import FakeClock
+        import segstore
+        st = segstore.open({str(tmp_path / 'store')!r}, clock=FakeClock(),
+                           config={{"log.cleaner.dedupe.buffer.size": 24000}})
+        st.create_topic("t", 1, config={{"cleanup.policy": "compact",
+                                         "segment.bytes": 64 << 20}})
+        lg = st.partition("t", 0)
+        n, size = 100, 64 * 1024           # 6.4 MB of zeros: a few KB once gzipped
+        lg.append_batch([bytes(size)] * n, keys=[b"k%d" % i for i in range(n)],
+                        compression="gzip")
+        lg.append_batch([b"x"], keys=[b"k0"])
+        lg.roll()
+        st.compact("t", 0, force=True)
+        recs = list(lg.iter_records())
+        assert [r.offset for r in recs] == list(range(1, n + 1)), [r.offset for r in recs]
+        assert all(r.value == bytes(size) for r in recs[:-1])
+        print("ok")
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stderr[-2000:])
+
+
+# -- the summary (REF §6.13) ---------------------------------------------------------------------
+
+def test_summary_lines():
+    """Kafka's recordStats message, line by line, with hand-computed numbers."""
+    s = CleanerStats(topic="t", partition=0, thread_id=3, first_dirty_offset=100,
+                     end_offset=2000, bytes_read=2500 * MB, bytes_written=1250 * MB,
+                     map_bytes_read=1000 * MB, messages_read=1_234_567, messages_written=617_284,
+                     buffer_utilization=0.4567, start_time=5_000, map_complete_time=7_000,
+                     end_time=15_000)
+    text = s.summary()
+    assert text.startswith("\n") and text.endswith("\n")
+    assert text[1:-1].split("\n") == [
+        "\tLog cleaner thread 3 cleaned log t-0 (dirty section = [100, 2000])",
+        "\t2,500.0 MB of log processed in 10.0 seconds (250.0 MB/sec).",
+        "\tIndexed 1,000.0 MB in 2.0 seconds (500.0 Mb/sec, 20.0% of total time)",
+        "\tBuffer utilization: 45.7%",
+        "\tCleaned 2,500.0 MB in 8.0 seconds (312.5 Mb/sec, 80.0% of total time)",
+        "\tStart size: 2,500.0 MB (1,234,567 messages)",
+        "\tEnd size: 1,250.0 MB (617,284 messages)",
+        "\t50.0% size reduction (50.0% fewer messages)",
+    ]
+
+
+def test_summary_grouping_follows_kafkas_format_specifiers():
+    """Only the %,.1f fields group thousands: the first line's seconds do, the Indexed and
+    Cleaned seconds (%.1f) do not."""
+    s = CleanerStats(topic="orders", partition=12, thread_id=0, first_dirty_offset=0,
+                     end_offset=5, bytes_read=3 * MB // 2, bytes_written=MB // 2,
+                     map_bytes_read=MB, messages_read=5, messages_written=2,
+                     buffer_utilization=1.0, start_time=0, map_complete_time=1_500_000,
+                     end_time=2_500_000)
+    assert s.summary()[1:-1].split("\n") == [
+        "\tLog cleaner thread 0 cleaned log orders-12 (dirty section = [0, 5])",
+        "\t1.5 MB of log processed in 2,500.0 seconds (0.0 MB/sec).",
+        "\tIndexed 1.0 MB in 1500.0 seconds (0.0 Mb/sec, 60.0% of total time)",
+        "\tBuffer utilization: 100.0%",
+        "\tCleaned 1.5 MB in 1000.0 seconds (0.0 Mb/sec, 40.0% of total time)",
+        "\tStart size: 1.5 MB (5 messages)",
+        "\tEnd size: 0.5 MB (2 messages)",
+        "\t66.7% size reduction (60.0% fewer messages)",
+    ]
+
+
+def test_each_round_logs_its_summary(root, clock, caplog):
+    st = open_store(root, clock)
+    lg = compacted_topic(st)
+    for k in (0, 1, 0, 1, 0):
+        lg.append_batch([kv(k)], keys=[kv(k)])
+    lg.roll()
+    with caplog.at_level(logging.INFO, logger="segstore.cleaner"):
+        [stats] = st.compact("t", 0, force=True)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "segstore.cleaner"]
+    assert stats.summary() in msgs
+    lines = stats.summary()[1:-1].split("\n")
+    assert lines[0] == "\tLog cleaner thread -1 cleaned log t-0 (dirty section = [0, 5])"
+    assert lines[5] == "\tStart size: 0.0 MB (5 messages)"
+    assert lines[6] == "\tEnd size: 0.0 MB (2 messages)"
+    assert lines[7].endswith("% size reduction (60.0% fewer messages)")
+    assert "Beginning cleaning of log t-0" in msgs
+    assert "Building offset map for log t-0 for 1 segments in offset range [0, 5)." in msgs
+
+
+# -- the dedupe buffer advice ---------------------------------------------------------------------
+
+def advice_workload(root, clock, buffer_bytes, n_keys, repeats=2):
+    st = open_store(root, clock, log_cleaner_dedupe_buffer_size=buffer_bytes)
+    lg = compacted_topic(st, segment_bytes=1 << 20)
+    for _ in range(repeats):
+        lg.append_batch([b"v"] * n_keys, keys=[b"key-%d" % i for i in range(n_keys)])
+    lg.roll()
+    return st, lg
+
+
+def check_advice(tmp_path, clock, n_keys, caplog):
+    small = max(48, 24 * (n_keys // 4))         # a few rounds, not one per key
+    max_keys = int(small // 24 * 0.9)
+    st, lg = advice_workload(str(tmp_path / "small"), clock, small, n_keys)
+    with caplog.at_level(logging.INFO, logger="segstore.cleaner"):
+        rounds = st.compact("t", 0, force=True)
+    first = rounds[0]
+    assert first.map_full and first.end_offset == max_keys
+    wanted = first.wanted_buffer_bytes
+    assert wanted is not None and wanted % 24 == 0
+    line = (f"Offset map of t-0 filled up at offset {max_keys - 1}: a dedupe buffer of "
+            f"{wanted} bytes "
+            f"(log.cleaner.dedupe.buffer.size, per thread) would have covered the whole dirty "
+            f"section [0, {2 * n_keys})")
+    assert line in [r.getMessage() for r in caplog.records
+                    if r.name == "segstore.cleaner" and r.levelno == logging.INFO]
+    # The advice is enough: a store with that buffer cleans the same log in one round...
+    st2, lg2 = advice_workload(str(tmp_path / "advised"), clock, wanted, n_keys)
+    [one] = st2.compact("t", 0, force=True)
+    assert not one.map_full and one.end_offset == 2 * n_keys
+    assert records(lg2) == records(lg)
+    return wanted
+
+
+@pytest.mark.parametrize("n_keys", [10, 100, 1000])
+def test_wanted_buffer_advice_covers_the_dirty_section(tmp_path, clock, caplog, n_keys):
+    """When a round stops on a full map, its stats and an INFO line give the dedupe buffer that
+    would have covered the whole dirty section; a store with that buffer does it in one round
+    (and the advice is not wildly generous: at most two slots beyond n / load factor)."""
+    wanted = check_advice(tmp_path, clock, n_keys, caplog)
+    assert wanted <= 24 * (-(-n_keys * 10 // 9) + 2)
+
+
+# Regression (found by these tests, fixed in the same session): Cleaner._wanted_buffer
+# (cleaner.py:258) advises ceil(K / load_factor) + 1 slots for K distinct keys, but map building
+# stops as soon as size >= int(slots * load_factor) before any further keyed record (Kafka's
+# rule), so it needs int(slots * lf) > K: with K = 9 (any multiple of 9 at lf 0.9) the advised 264
+# bytes give 11 slots, max 9 keys, and the advised store still stops on a full map at offset 8.
+def test_wanted_buffer_advice_with_a_multiple_of_nine_keys(tmp_path, clock, caplog):
+    check_advice(tmp_path, clock, 9, caplog)
+
+
+def test_no_advice_when_the_map_does_not_fill(root, clock, caplog):
+    st, lg = advice_workload(root, clock, 24 * 100, 10)
+    with caplog.at_level(logging.INFO, logger="segstore.cleaner"):
+        [stats] = st.compact("t", 0, force=True)
+    assert not stats.map_full and stats.wanted_buffer_bytes is None
+    assert not any("filled up" in r.getMessage() for r in caplog.records)
+
+
+# -- store.compact --------------------------------------------------------------------------------
+
+def test_compact_respects_eligibility_unless_forced(root, clock):
+    st = open_store(root, clock)
+    lg = compacted_topic(st, min_cleanable_dirty_ratio=0.9)
+    for k in (0, 1, 0):
+        lg.append_batch([kv(k)], keys=[kv(k)])
+    lg.roll()
+    st.compact("t", 0, force=True)          # everything clean now
+    lg.append_batch([b"x"], keys=[kv(1)])
+    lg.roll()
+    assert log_to_clean(st, lg, 3, T0).cleanable_ratio < 0.9
+    assert st.compact() == [] and st.compact("t") == []
+    [stats] = st.compact("t", 0, force=True)
+    assert stats.forced
+    assert records(lg) == [(2, b"0", b"0"), (3, b"1", b"x")]
+    assert st.compact("t", 0, force=True) == []          # nothing cleanable left
+
+
+def test_compact_argument_errors(root, clock):
+    st = open_store(root, clock)
+    st.create_topic("plain", 1)
+    compacted_topic(st)
+    with pytest.raises(InvalidTopicError):
+        st.compact("plain")
+    with pytest.raises(InvalidTopicError):
+        st.compact(partition=0)

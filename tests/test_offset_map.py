@@ -107,7 +107,8 @@ def keys(n: int, prefix: bytes = b"key-") -> list[bytes]:
 
 # -- digests and the probe sequence -----------------------------------------------------------
 
-@pytest.mark.parametrize("key", [b"", b"a", b"abc", b"x" * 15, b"x" * 16, b"x" * 17, bytes(range(256))])
+@pytest.mark.parametrize("key", [b"", b"a", b"abc", b"x" * 15, b"x" * 16, b"x" * 17,
+                                 bytes(range(256))])
 def test_digest_is_murmur3_x64_128_of_the_key(key):
     assert _core.murmur3_128(key) == mmh3.hash_bytes(key)
 
