@@ -595,9 +595,12 @@ cdef struct FilterCore:
     int64_t rebuilt            # batches written with new contents (CRC to compute)
 
 
-cdef inline int64_t _room_needed(const BatchHeader* h) noexcept nogil:
-    # A rebuilt record grows by at most 10 bytes (longer length and timestamp varints).
-    return <int64_t>h.size + 10 * <int64_t>(h.records_count if h.records_count > 0 else 0) + V2_HEADER_C
+cdef inline int64_t _room_needed(const BatchHeader* h, int64_t records_bytes) noexcept nogil:
+    # Verbatim: the batch. Rebuilt: a header plus the (decompressed) records, each of which
+    # grows by at most 10 bytes (longer length and timestamp varints).
+    cdef int64_t rebuilt = (V2_HEADER_C + records_bytes
+                            + 10 * <int64_t>(h.records_count if h.records_count > 0 else 0))
+    return rebuilt if rebuilt > h.size else h.size
 
 
 cdef int _grow_scratch(FilterCore* fc, Py_ssize_t n) noexcept nogil:
@@ -624,11 +627,12 @@ cdef int _grow_scratch(FilterCore* fc, Py_ssize_t n) noexcept nogil:
 cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const uint8_t* src,
                        const uint8_t* rb, Py_ssize_t rpos, Py_ssize_t rend, int mode,
                        bint discard_records, bint marker_for_empty_txn, uint8_t* out,
-                       Py_ssize_t* out_pos, bint* rebuilt) noexcept nogil:
+                       Py_ssize_t* out_pos, Py_ssize_t out_cap, bint* rebuilt) noexcept nogil:
     """Decide and write one magic-2 batch (``src`` = its bytes; records in rb[rpos:rend]).
 
     Writes the batch verbatim, rebuilt (uncompressed, CRC left 0 for the caller), as an empty
-    header, or not at all. The caller made room for ``_room_needed`` bytes at out[out_pos].
+    header, or not at all; ST_OUTPUT_FULL (nothing written) when out[out_pos:out_cap] is
+    smaller than ``_room_needed``.
     """
     cdef int32_t n = h.records_count, j, retained = 0
     cdef RecordView r
@@ -652,6 +656,8 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
     cdef int32_t gklen[MAP_GROUP]
     cdef bint glook[MAP_GROUP]
     rebuilt[0] = False
+    if mode != DELETE and out_cap - out_pos[0] < _room_needed(h, rend - rpos):
+        return ST_OUTPUT_FULL
     fc.messages_read += n
     fc.bytes_read += h.size
     if mode == DELETE:
@@ -797,12 +803,12 @@ cdef int _filter_run(MapCore* m, FilterCore* fc, const uint8_t* b, Py_ssize_t* p
         if (h.magic < 2 or (h.attributes & (ATTR_CODEC | ATTR_CONTROL)) != 0
                 or h.producer_id >= 0):
             return ST_NEED_PYTHON
-        if out_cap - out_pos[0] < _room_needed(&h):
+        if out_cap - out_pos[0] < _room_needed(&h, h.size - V2_HEADER_C):
             return ST_OUTPUT_FULL
         # Never lose the round's last offset, so the log end offset stays recoverable.
         mode = RETAIN_EMPTY if h.last_offset + 1 == fc.upper_bound else DELETE_EMPTY
         st = _filter_batch(m, fc, &h, b + pos[0], b, pos[0] + V2_HEADER_C, pos[0] + h.size,
-                           mode, False, False, out, out_pos, &rebuilt)
+                           mode, False, False, out, out_pos, out_cap, &rebuilt)
         if st != ST_OK:
             return st
         pos[0] += h.size
@@ -880,13 +886,14 @@ cdef class BatchFilter:
         _raise_status(st, pos, file)
 
     @staticmethod
-    def room_needed(buf, Py_ssize_t pos) -> int:
-        """Output bytes the batch at ``pos`` may need when rebuilt."""
+    def room_needed(buf, Py_ssize_t pos, payload_len=None) -> int:
+        """Output bytes the batch at ``pos`` may need (``payload_len``: its decompressed
+        records' size, for a compressed batch)."""
         cdef const uint8_t[::1] view = buf
         cdef BatchHeader h
         if scan_one(_ptr(view), pos, view.shape[0], &h) != ST_OK:
             raise ValueError(f"no complete batch at position {pos}")
-        return _room_needed(&h)
+        return _room_needed(&h, h.size - V2_HEADER_C if payload_len is None else payload_len)
 
     def filter_one(self, buf, Py_ssize_t pos, int mode, bint discard_records,
                    bint marker_for_empty_txn, bytearray out, Py_ssize_t out_pos, payload=None,
@@ -900,8 +907,8 @@ cdef class BatchFilter:
         _raise_status(st, pos, file)
         if st != ST_OK or h.magic < 2:
             raise ValueError(f"no complete magic-2 batch at position {pos}")
-        if out_pos < 0 or out.__len__() - out_pos < _room_needed(&h):
-            raise ValueError("output buffer has no room for the batch")
+        if out_pos < 0 or out_pos > len(out):
+            raise ValueError("out_pos outside the output buffer")
         cdef uint8_t[::1] ov = out
         cdef const uint8_t[::1] pv
         cdef const uint8_t* rb
@@ -922,7 +929,9 @@ cdef class BatchFilter:
         with nogil:
             st = _filter_batch(&self.omap.m, &self.fc, &h, _ptr(view) + pos, rb, rstart, rend,
                                mode, discard_records, marker_for_empty_txn, &ov[0], &op,
-                               &rebuilt)
+                               ov.shape[0], &rebuilt)
+        if st == ST_OUTPUT_FULL:
+            raise ValueError("output buffer has no room for the batch (see room_needed)")
         _raise_status(st, pos, file)
         return (op, bool(rebuilt))
 

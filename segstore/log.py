@@ -65,6 +65,9 @@ class PartitionLog:
         self._closed = False
         # Bumped by every truncation: a cleaner round that saw another value aborts its swap.
         self.truncations = 0
+        # Called as fn(topic_partition, offset) after a truncation (the cleaner lowers its
+        # checkpoint, Kafka's maybeTruncateCheckpoint).
+        self.truncation_listeners: list = []
         self._delete_later = delete_later or (lambda seg, delay_ms: seg.delete_files())
         self.last_flush_ms = clock()
         self.producer_state: Optional[ProducerStateManager] = None  # writable logs only
@@ -580,6 +583,7 @@ class PartitionLog:
             leo = keep[-1].read_next_offset()
             self._state = _State(keep, min(st.log_start_offset, leo), leo)
             self.recovery_point = min(self.recovery_point, leo)
+            self._truncated(leo)
             if len(self.producer_state):  # none known: a prefix of the log has none either
                 self.producer_state = ProducerStateManager.rebuild(keep)
 
@@ -601,6 +605,11 @@ class PartitionLog:
         self.recovery_point = new_offset
         self.producer_state.clear(new_offset)
         fsync_dir(self.directory)
+        self._truncated(new_offset)
+
+    def _truncated(self, offset: int) -> None:
+        for fn in self.truncation_listeners:
+            fn(self.topic_partition, offset)
 
     def delete_records(self, before_offset: int) -> int:
         """Raise the log start offset to ``before_offset`` (Kafka's DeleteRecords)."""

@@ -42,14 +42,23 @@ class Problem(NamedTuple):
         return f"{self.file} at position {self.position}: {self.message}"
 
 
+def first_offsets(batches: np.ndarray) -> np.ndarray:
+    """Each batch's first offset; a legacy compressed wrapper does not tell its first inner
+    offset (scanned as -1), so its last offset stands in for it."""
+    return np.where((batches["magic"] < 2) & (batches["base_offset"] < 0),
+                    batches["last_offset"], batches["base_offset"])
+
+
 def consistent_prefix(batches: np.ndarray, base_offset: int) -> int:
     """How many leading batches have offsets a segment at ``base_offset`` can hold: inside its
     32-bit relative range and growing from batch to batch (baseOffset is outside the CRC)."""
     if not len(batches):
         return 0
-    rel = batches["last_offset"] - base_offset
-    bad = (rel < 0) | (rel > MAX_RELATIVE_OFFSET) | (batches["base_offset"] < base_offset)
-    bad[1:] |= batches["base_offset"][1:] <= batches["last_offset"][:-1]
+    last = batches["last_offset"]
+    first = first_offsets(batches)
+    rel = last - base_offset
+    bad = (rel < 0) | (rel > MAX_RELATIVE_OFFSET) | (first < base_offset)
+    bad[1:] |= first[1:] <= last[:-1]
     return int(bad.argmax()) if bad.any() else len(batches)
 
 
@@ -555,11 +564,12 @@ class LogSegment:
                                     "incomplete batch at the end of the file"))
         b = res.batches
         if len(b):
-            bad = np.nonzero(b["base_offset"][1:] <= b["last_offset"][:-1])[0]
+            first = first_offsets(b)
+            bad = np.nonzero(first[1:] <= b["last_offset"][:-1])[0]
             for i in bad[:10]:
                 problems.append(Problem(self.log_path, int(b["position"][i + 1]),
                                         "offsets do not increase from the previous batch"))
-            if int(b["base_offset"][0]) < self.base_offset:
+            if int(first[0]) < self.base_offset:
                 problems.append(Problem(self.log_path, 0, "batch below the segment's base offset"))
             if next_base_offset is not None and int(b["last_offset"][-1]) >= next_base_offset:
                 problems.append(Problem(self.log_path, int(b["position"][-1]),

@@ -178,10 +178,16 @@ class LogStore:
 
     def _open_log(self, tp: TopicPartition, config: TopicConfig, recovery_point: int,
                   log_start: int, clean: bool) -> PartitionLog:
-        return PartitionLog(os.path.join(self.path, f"{tp.topic}-{tp.partition}"), tp.topic,
-                            tp.partition, config, self.clock, readonly=self.readonly,
-                            recovery_point=recovery_point, log_start_offset=log_start,
-                            had_clean_shutdown=clean, delete_later=self._schedule_delete)
+        lg = PartitionLog(os.path.join(self.path, f"{tp.topic}-{tp.partition}"), tp.topic,
+                          tp.partition, config, self.clock, readonly=self.readonly,
+                          recovery_point=recovery_point, log_start_offset=log_start,
+                          had_clean_shutdown=clean, delete_later=self._schedule_delete)
+        if not self.readonly:
+            lg.truncation_listeners.append(self._on_truncated)
+        return lg
+
+    def _on_truncated(self, tp: TopicPartition, offset: int) -> None:
+        self.cleaner.manager.maybe_truncate_checkpoint(tp, offset)
 
     def _schedule_delete(self, segment, delay_ms: int) -> None:
         with self._delete_lock:

@@ -685,10 +685,6 @@ def test_maybe_truncate_checkpoint_only_lowers(store):
     assert read_cp_text(store) == "0\n1\nt 0 25\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: PartitionLog.truncate_to (segstore/log.py truncate_to) never lowers the cleaner "
-    "checkpoint; LogCleanerManager.maybe_truncate_checkpoint has no caller, so re-appended "
-    "data below the old checkpoint counts as clean and its duplicate keys stay"))
 def test_truncation_below_the_checkpoint_lowers_it(store):
     """REF §6.3/#55 (Kafka's maybeTruncateCheckpoint): after truncating a log below its cleaner
     checkpoint, data appended again between the truncation point and the old checkpoint is

@@ -254,8 +254,8 @@ class Cleaner:
             data, offs, valid = k.data, k.offsets, k.valid
             for i in np.flatnonzero(valid):
                 keys.add(_core.murmur3_128(data[offs[i]:offs[i + 1]]))
-        per_key = self.offset_map.bytes_per_entry
-        return int(np.ceil(len(keys) / self.offset_map.load_factor)) * per_key + per_key
+        return dedupe_buffer_for(len(keys), self.offset_map.load_factor,
+                                 self.offset_map.bytes_per_entry)
 
     @staticmethod
     def _next_batch_end(seg, mm, pos: int, size: int) -> int:
@@ -349,15 +349,8 @@ class Cleaner:
                     if len(out) < need:
                         out = self._out = bytearray(need)
                 elif code == _core.FILTER_NEED_PYTHON:
-                    need = _core.BatchFilter.room_needed(mm, p)
-                    if len(out) - op < need:
-                        if op:
-                            self._append(dest, out, op)
-                            op = 0
-                        if len(out) < need:
-                            out = self._out = bytearray(need)
-                    op, p = self._filter_special(lg, source, mm, p, filt, txn, producers,
-                                                 retain_legacy, now, upper, out, op)
+                    op, p = self._filter_special(lg, source, dest, mm, p, filt, txn, producers,
+                                                 retain_legacy, now, upper, op)
                     out = self._out
             if op:
                 self._append(dest, out, op)
@@ -371,13 +364,23 @@ class Cleaner:
         dest.append(data, batches)
         self.throttler.maybe_throttle(n)
 
-    def _filter_special(self, lg, source, mm, p: int, filt, txn, producers: dict,
-                        retain_legacy: bool, now: int, upper: int, out: bytearray, op: int):
+    def _room(self, dest, op: int, need: int) -> int:
+        """Make ``need`` bytes of room at the end of the output (draining or growing it)."""
+        if len(self._out) - op < need:
+            if op:
+                self._append(dest, self._out, op)
+                op = 0
+            if len(self._out) < need:
+                self._out = bytearray(need)
+        return op
+
+    def _filter_special(self, lg, source, dest, mm, p: int, filt, txn, producers: dict,
+                        retain_legacy: bool, now: int, upper: int, op: int):
         """One batch that needs policy: producer ids, transactions, control, codecs, legacy."""
         h = _core.scan_batches(mm, p, max_batches=1, file=source.log_path).batches[0]
         size = int(h["size"])
         if h["magic"] < 2:
-            return self._filter_legacy(source, mm, p, size, filt, retain_legacy, out, op), \
+            return self._filter_legacy(source, dest, mm, p, size, filt, retain_legacy, op), \
                 p + size
         attrs = int(h["attributes"])
         pid = int(h["producer_id"])
@@ -419,21 +422,28 @@ class Cleaner:
                 payload = decompress(codec, memoryview(mm)[p + 61:p + size])
             except CorruptRecordError as e:
                 raise CorruptRecordError(e.reason, file=source.log_path, position=p) from None
+        op = self._room(dest, op, _core.BatchFilter.room_needed(
+            mm, p, None if payload is None else len(payload)))
+        out = self._out
         start = op
         op, rebuilt = filt.filter_one(mm, p, mode, discard_records, can_discard and control,
                                       out, op, payload, file=source.log_path)
         if rebuilt and codec and op - start > 61:
             batch = _core.compress_batch_at(out, start, op - start, codec)
+            capacity = len(out)
             out[start:op] = batch
             op = start + len(batch)
-            if len(out) < len(self._out):
-                out.extend(bytes(len(self._out) - len(out)))
+            if len(out) < capacity:  # keep the buffer's capacity for the next batches
+                out.extend(bytes(capacity - len(out)))
         return op, p + size
 
-    def _filter_legacy(self, source, mm, p: int, size: int, filt, retain_legacy: bool,
-                       out: bytearray, op: int) -> int:
-        # Magic 0/1 batches (a Kafka broker's old data) are rare: filtered in Python; kept
-        # records are rewritten as one v2 batch (segstore writes no legacy formats).
+    def _filter_legacy(self, source, dest, mm, p: int, size: int, filt, retain_legacy: bool,
+                       op: int) -> int:
+        # Magic 0/1 batches (a Kafka broker's old data) are rare: filtered in Python. An
+        # uncompressed message kept whole is copied as is (Kafka does too); anything else that
+        # is kept is rewritten as one v2 batch (segstore writes no legacy formats, and a
+        # compressed legacy wrapper does not tell its first offset, so it cannot be indexed as
+        # is). Tombstones rewritten that way follow the KIP-534 horizon from the next round.
         omap = self.offset_map
         recs = _core.decode_records(mm, p, p + size, validate_crc=True, file=source.log_path)
         latest = omap.latest_offset
@@ -445,8 +455,8 @@ class Cleaner:
                 invalid += 1
             elif r.offset >= omap.get(r.key) and (r.value is not None or retain_legacy):
                 kept.append(r)
-        written = 0
-        if kept and len(kept) == len(recs):
+        data = b""
+        if kept and len(kept) == len(recs) and not int(mm[p + 17]) & ATTR_CODEC:
             data = bytes(mm[p:p + size])
         elif kept:
             first = kept[0].offset
@@ -454,18 +464,22 @@ class Cleaner:
                 [r.value for r in kept], [r.key for r in kept],
                 timestamps_ms=[r.timestamp for r in kept], base_offset=first,
                 offset_deltas=[r.offset - first for r in kept],
-                compression=int(mm[p + 17]) & ATTR_CODEC if mm[p + 16] == 1 else
-                int(mm[p + 17]) & ATTR_CODEC)
-        else:
-            data = b""
+                compression=int(mm[p + 17]) & ATTR_CODEC)
         if data:
-            if len(out) - op < len(data):
-                out.extend(bytes(len(data)))
-            out[op:op + len(data)] = data
-            written = len(data)
-        filt.count_legacy(len(recs), size, len(kept), written,
+            op = self._room(dest, op, len(data))
+            self._out[op:op + len(data)] = data
+        filt.count_legacy(len(recs), size, len(kept), len(data),
                           kept[-1].offset if kept else -1, invalid)
-        return op + written
+        return op + len(data)
+
+
+def dedupe_buffer_for(keys: int, load_factor: float, bytes_per_entry: int = 24) -> int:
+    """Smallest offset-map memory that maps ``keys`` distinct keys in one round: map building
+    stops once ``size >= int(slots * load_factor)``, so that must exceed ``keys``."""
+    slots = max(int(np.ceil((keys + 1) / load_factor)), 1)
+    while int(slots * load_factor) <= keys:
+        slots += 1
+    return slots * bytes_per_entry
 
 
 def _wall_ms() -> int:
