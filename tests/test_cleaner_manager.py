@@ -309,6 +309,27 @@ def test_max_compaction_lag_makes_a_log_eligible_at_ratio_one(store, clock):
     assert mgr.grab_filthiest_compacted_log() is None
 
 
+def test_max_compaction_lag_rolls_the_active_segment_so_it_can_be_cleaned(store, clock):
+    """REF §6.3/§3.3: data cannot hide in the active segment past max.compaction.lag.ms: the
+    next append rolls it, and the rolled data is then overdue and cleaned."""
+    lag = 5_000
+    (lg,) = compacted(store, "t", max_compaction_lag_ms=lag, min_cleanable_dirty_ratio=1.0)
+    clock.now = T0
+    for i in range(30):
+        lg.append(b"v%02d" % i, key=b"k%d" % (i % 3), timestamp_ms=T0)
+    assert len(lg.segments) == 1
+    assert store.cleaner_manager.grab_filthiest_compacted_log() is None
+    clock.now = T0 + lag + 1
+    lg.append(b"late", key=b"k0", timestamp_ms=clock.now)
+    assert [sg.base_offset for sg in lg.segments] == [0, 30]
+    ltc = store.cleaner_manager.grab_filthiest_compacted_log()
+    assert ltc is not None and ltc.compaction_delay_ms == 1
+    store.cleaner_manager.done_cleaning(ltc.topic_partition, None)
+    assert [st.end_offset for st in store.compact("t")] == [30]
+    assert [(o, k) for o, k, _ in records(lg)] == [(27, b"k0"), (28, b"k1"), (29, b"k2"),
+                                                    (30, b"k0")]
+
+
 def test_delay_counts_only_dirty_segments(store, clock):
     lag = 10_000
     (lg,) = compacted(store, "t", min_cleanable_dirty_ratio=1.0, max_compaction_lag_ms=lag)
