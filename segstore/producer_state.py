@@ -379,7 +379,11 @@ def snapshot_path(directory: str, offset: int) -> str:
 def list_snapshots(directory: str) -> dict[int, str]:
     """Producer snapshot files of a partition directory, by offset."""
     out = {}
-    for n in os.listdir(directory):
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return out
+    for n in names:
         if n.endswith(SNAPSHOT_SUFFIX) and n[:-len(SNAPSHOT_SUFFIX)].isdigit():
             out[int(n[:-len(SNAPSHOT_SUFFIX)])] = os.path.join(directory, n)
     return out

@@ -668,3 +668,35 @@ def test_verify_reports_a_damaged_txn_index(tmp_path):
     assert [(p.file, p.position) for p in problems] == [(seg.txn_index_path, 0)]
     assert "not a multiple" in problems[0].message
     assert sorted(os.listdir(tmp_path / "t-0")) == names  # no file created by checking
+
+
+def test_delete_records_keeps_producer_state(tmp_path):  # REF §7 #30
+    log = open_log(tmp_path / "t-0")
+    log.append_batch([b"a"], producer_id=1, producer_epoch=0, base_sequence=0)
+    log.append_batch([b"b"], producer_id=2, producer_epoch=0, base_sequence=0)
+    log.append_batch([b"c"], producer_id=3, producer_epoch=0, base_sequence=0,
+                     is_transactional=True)
+    log.delete_records(2)  # mid-segment
+    producers = log.active_producers()
+    assert producers == {1: (0, 0), 2: (1, 0), 3: (2, 0)}
+    assert log.last_stable_offset == 2
+    log.close()
+    clean = open_log(tmp_path / "t-0")  # from the snapshot
+    assert clean.active_producers() == producers
+    clean.close()
+    unclean = open_log(tmp_path / "t-0", had_clean_shutdown=False)  # replays the whole segment
+    assert unclean.active_producers() == producers
+
+
+def test_abort_in_a_segment_rolled_during_the_same_append(tmp_path):
+    log = open_log(tmp_path / "t-0", segment_bytes=400)
+    staged = [_core.encode_batch([b"t" * 30], timestamps_ms=1, producer_id=1, producer_epoch=0,
+                                 base_sequence=0, is_transactional=True)]
+    staged += [_core.encode_batch([b"p" * 30], timestamps_ms=1) for _ in range(12)]
+    staged.append(_core.encode_control_batch(ABORT, producer_id=1, producer_epoch=0,
+                                             timestamp_ms=1))
+    info = log.append_records(b"".join(staged))
+    assert info.last_offset == 13 and len(log.segments) >= 3
+    with_entries = [s for s in log.segments if s.txn_index.all()]
+    assert [s.txn_index.all() for s in with_entries] == [[AbortedTxn(1, 0, 13, 14)]]
+    assert with_entries[0] is log.segments[-1] and with_entries[0].base_offset > 0
