@@ -359,6 +359,40 @@ def test_kill9_at_every_file_system_call_of_a_clean(scenario):
     assert last_state == len(sc.states) - 1   # the last kill points come after every swap
 
 
+def test_kill9_during_the_recovery_of_a_crashed_swap(scenario, tmp_path):
+    """The open that completes (or rolls back) a crashed swap is itself SIGKILLed at each of its
+    mutating file-system calls; the next open still finds the same whole state."""
+    sc = scenario
+    picked = [(d, c, w) for d, c, w in sc.snaps if w.startswith(("after swap", "after deleted"))]
+    assert picked
+    for i, (snap, c, what) in enumerate(picked[:4]):
+        n, done = 0, False
+        while not done:
+            n += 1
+            d = str(tmp_path / ("r%d-%d" % (i, n)))
+            shutil.copytree(snap, d)
+            r, w = os.pipe()
+
+            def child():
+                os.close(r)
+                cc.Crasher(n, random.Random(n), w).install()
+                segstore.open(d, clock=clock)
+                os.write(w, b"opened\n")
+                os._exit(0)
+            status = _fork_and_wait(child)
+            os.close(w)
+            out = os.read(r, 100)
+            os.close(r)
+            done = os.WIFEXITED(status) and out == b"opened\n"
+            if not done:
+                assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+            recs, leftovers, problems = reopen(d)
+            assert recs == sc.states[c], (sc.layout, what, n)
+            assert leftovers == [] and problems == [], (sc.layout, what, n, leftovers)
+            shutil.rmtree(d)
+        assert n > 2, (what, n)   # the recovery did write something
+
+
 # -- kill -9 at random moments while a cleaner thread cleans and appends go on --------------------
 
 
