@@ -339,10 +339,10 @@ def test_strategies_against_a_replay(tmp_path_factory, strategy, cfg, batches):
 def test_tombstones_of_a_quiet_log_go_once_their_horizon_passes(tmp_path):
     """KAFKA-8522: a low-traffic compacted log with tombstones in its first segments, cleaned
     again and again as a record trickles in every ten minutes (each makes the log overdue by
-    max.compaction.lag.ms once it is older than that, so no force is needed). Kafka's pre-KIP-534 rule kept such tombstones
-    forever (the merged segment's mtime kept moving); with per-batch horizons they are gone in
-    the first cleaning at or after (their first cleaning + delete.retention.ms), and not
-    before."""
+    max.compaction.lag.ms once it is older than that, so no force is needed). Kafka's
+    pre-KIP-534 rule kept such tombstones forever (the merged segment's mtime kept moving);
+    with per-batch horizons they are gone in the first cleaning at or after (their first
+    cleaning + delete.retention.ms), and not before."""
     hour, minute = 3_600_000, 60_000
     clock = FakeClock(T0)
     store = segstore.open(str(tmp_path / "store"), clock=clock,
