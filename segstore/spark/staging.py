@@ -25,6 +25,7 @@ import mmap
 import os
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -41,6 +42,7 @@ log = logging.getLogger("segstore.spark")
 STAGING_DIR = ".staging"
 MANIFEST = "_manifest.json"
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call
+MAX_APPEND_THREADS = 8
 
 
 class CommitRecoveryError(SegstoreError):
@@ -177,15 +179,24 @@ def publish(store, root: str, job: str, messages: list, *,
         manifest.update(ledgerLocation=ledger.location, batchId=batch_id)
     os.makedirs(jdir, exist_ok=True)
     write_atomic(os.path.join(jdir, MANIFEST), json.dumps(manifest, indent=1))
+    def append_partition(tp, files) -> tuple:
+        lg = store.partition(*tp)
+        first = lg.log_end_offset
+        for j, f in files:  # in message order: Spark lists tasks by partition id
+            _append_file(lg, os.path.join(job_dir(root, j), f.name), f.records)
+        lg.flush()
+        return first, lg.log_end_offset
+
     done = {}
     try:
-        for tp, files in sorted(by_tp.items()):
-            lg = store.partition(*tp)
-            first = lg.log_end_offset
-            for j, f in files:  # in message order: Spark lists tasks by partition id
-                _append_file(lg, os.path.join(job_dir(root, j), f.name), f.records)
-            lg.flush()
-            done[tp] = (first, lg.log_end_offset)
+        # Partitions are independent logs (each with its own lock) and the copying, CRC and
+        # write loops release the GIL, so partitions are appended on parallel threads.
+        workers = max(1, min(len(by_tp), os.cpu_count() or 1, MAX_APPEND_THREADS))
+        with ThreadPoolExecutor(workers, thread_name_prefix="segstore-commit") as pool:
+            futures = {tp: pool.submit(append_partition, tp, files)
+                       for tp, files in sorted(by_tp.items())}
+            for tp, fut in futures.items():
+                done[tp] = fut.result()
         if ledger is not None:
             ledger.record(batch_id, sum(p["records"] for p in plan.values()))
     except BaseException:
