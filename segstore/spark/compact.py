@@ -44,13 +44,26 @@ def stats_row(stats) -> tuple:
 
 def _needs_cleaning(store, topic: str, partition: int, force: bool,
                     now_ms: Optional[int]) -> bool:
-    """Whether the cleaner has anything to do in a partition (asked read-only)."""
+    """Whether ``store.compact`` would clean this partition now (asked of a read-only store).
+
+    The same three reasons as the cleaner manager's ``grab_log``: eligible (dirty ratio or
+    ``max.compaction.lag.ms``), tombstones in the clean section whose delete horizon passed, or
+    anything cleanable with ``force``.
+    """
     manager = getattr(store, "cleaner_manager", None)
     if manager is None or not hasattr(manager, "describe"):
         return True  # cannot tell from here: let the task's store.compact decide
     d = manager.describe(topic, partition, now_ms=now_ms)
-    return bool(d["eligible"] or d.get("tombstones_awaiting_horizon")
-                or (force and d["cleanable_bytes"] > 0))
+    if d["eligible"] or (force and d["cleanable_bytes"] > 0):
+        return True
+    from ..cleaner.manager import earliest_delete_horizon, segments_in_range
+
+    first_dirty = d["first_dirty_offset"]
+    clean = [s for s in segments_in_range(store.partition(topic, partition).segments, 0,
+                                          first_dirty) if s.base_offset < first_dirty]
+    horizon = earliest_delete_horizon(clean)
+    now = store.clock() if now_ms is None else now_ms
+    return horizon is not None and horizon <= now
 
 
 def plan(path: str, topics: Optional[Iterable[str]] = None, force: bool = False,
