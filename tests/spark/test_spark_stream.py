@@ -16,10 +16,9 @@ from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
 import segstore
-from segstore import TopicPartition
 from segstore.spark import stream as stream_module
 from segstore.spark.source import SegstoreDataSource
-from .sparkcheck import end_offsets, records
+from .sparkcheck import records
 
 OLD = 1_600_000_000_000  # 2020: far past any retention.ms below
 
