@@ -1688,7 +1688,6 @@ def test_multi_pass_cleaning_with_aborted_transactions(root, clock):
     assert aborted_txns(lg) == []
 
 
-@pytest.mark.xfail(strict=True, reason=ABORT_MARKER_LATER_BUG)
 def test_transactions_spanning_segments(root, clock):
     """#36, Kafka's testCleanWithTransactionsSpanningSegments."""
     st, lg = txn_store(root, clock, segment_bytes=1024)
@@ -1824,7 +1823,6 @@ def test_committed_transaction_spanning_segments(root, clock):
     assert data_offsets(lg) == [0, 1] and last_offsets(lg) == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason=ABORT_MARKER_LATER_BUG)
 def test_aborted_transaction_spanning_segments(root, clock):
     """#36, Kafka's testAbortedTransactionSpanningSegments: the aborted batch is removed (kept
     as an empty header: it is its producer's last batch) and the ABORT marker in the next
@@ -1840,7 +1838,6 @@ def test_aborted_transaction_spanning_segments(root, clock):
     assert data_offsets(lg) == [1] and last_offsets(lg) == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason=ABORT_MARKER_LATER_BUG)
 def test_aborted_data_never_replaces_a_committed_value(root, clock):
     """The committed value of a key survives an aborted write of the same key whose ABORT
     marker sits in the (uncleanable) active segment: the read-committed view (records outside

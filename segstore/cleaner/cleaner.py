@@ -25,6 +25,7 @@ from ..segment import CLEANED_SUFFIX, LogSegment, segment_paths
 from .manager import LogToClean, segments_in_range
 from .stats import CleanerStats
 from .transactions import CleanedTransactionMetadata
+from ..transaction_index import collect_aborted_transactions
 
 log = logging.getLogger("segstore.cleaner")
 
@@ -71,16 +72,6 @@ def _offset_index_bytes(seg) -> int:
 
 def _time_index_bytes(seg) -> int:
     return seg.time_index.entries * 12
-
-
-def collect_aborted(lg, segments, start: int, end: int) -> list:
-    """Aborted transactions (``.txnindex`` entries) of ``segments`` overlapping [start, end)."""
-    out = []
-    for seg in segments:
-        fn = getattr(seg, "collect_aborted", None)
-        if fn is not None:
-            out.extend(fn(start, end))
-    return out
 
 
 def _aborted_array(txns) -> np.ndarray:
@@ -182,7 +173,7 @@ class Cleaner:
         omap.clear()
         tp = lg.topic_partition
         dirty = segments_in_range(lg.segments, start, end)
-        aborted = _aborted_array(collect_aborted(lg, dirty, start, end))
+        aborted = _aborted_array(collect_aborted_transactions(lg.segments, start, end))
         full = False
         for i, seg in enumerate(dirty):
             self.check_done(tp)
@@ -284,14 +275,13 @@ class Cleaner:
                 os.remove(path)
         cleaned = LogSegment(lg.directory, base, lg.config, lg.clock, suffix=CLEANED_SUFFIX,
                              preallocate=lg.config.preallocate)
-        txn_index = getattr(cleaned, "txn_index", None)
-        txn.txn_index_sink = txn_index.append if txn_index is not None else None
-        producers_fn = getattr(lg, "active_producers", None)
-        producers = producers_fn() if producers_fn is not None else {}
+        txn.txn_index_sink = cleaned.txn_index.append
+        producers = lg.active_producers()
         try:
             for i, seg in enumerate(group):
                 nxt = group[i + 1].base_offset if i + 1 < len(group) else seg.read_next_offset()
-                txn.add_aborted_transactions(collect_aborted(lg, [seg], seg.base_offset, nxt))
+                txn.add_aborted_transactions(
+                    collect_aborted_transactions(lg.segments, seg.base_offset, nxt))
                 retain_legacy = seg.last_modified_ms > legacy_horizon
                 log.info("Cleaning %s in log %s into %d with an upper bound deletion horizon %d "
                          "computed from the segment last modified time of %d,%s deletes.",

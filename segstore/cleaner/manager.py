@@ -57,12 +57,6 @@ def first_batch_timestamp(seg) -> int:
     return int(b["max_timestamp"][0]) if len(b) else -1
 
 
-def last_stable_offset(lg) -> int:
-    """The log's last stable offset (first offset of the oldest open transaction, or the LEO)."""
-    lso = getattr(lg, "last_stable_offset", None)
-    return lg.log_end_offset if lso is None else lso
-
-
 def tombstones_awaiting_horizon(segments, now: int) -> tuple:
     """(tombstones, the latest delete horizon) of batches whose KIP-534 delete horizon is still
     ahead of ``now``: what the next cleaning after that horizon will remove."""
@@ -217,7 +211,7 @@ class LogCleanerManager:
         else:
             first_dirty = checkpoint
         segs = lg.segments
-        bounds = [last_stable_offset(lg), segs[-1].base_offset]
+        bounds = [lg.last_stable_offset, segs[-1].base_offset]
         lag = lg.config.min_compaction_lag_ms
         if lag > 0:
             for s in non_active_segments_from(segs, first_dirty):
