@@ -242,6 +242,38 @@ def test_two_threads_clean_two_partitions_while_others_append_and_read(stores, m
             assert again.partition("t", p).verify() == []
 
 
+def test_a_thread_reuses_its_map_without_leaking_entries_between_logs(stores):
+    """One thread's offset map serves every log it cleans. An entry left over from another
+    log's round (key x at a high offset there) must not delete this log's only record of x,
+    which sits in its clean section where this round maps nothing."""
+    s = stores(log_cleaner_threads=1)
+    s.create_topic("a", 1, {"cleanup.policy": "compact"})
+    s.create_topic("b", 1, {"cleanup.policy": "compact"})
+    a, b = s.partition("a", 0), s.partition("b", 0)
+    mgr = s.cleaner_manager
+
+    def clean(lg):
+        ltc = mgr.grab_log(lg.topic_partition, force=True)
+        assert ltc is not None
+        assert s.cleaner.clean_log(0, ltc) is not None
+    a.append(b"only-x", key=b"x", timestamp_ms=T0)
+    for i in range(20):
+        a.append(b"a%d" % i, key=b"c%d" % (i % 4), timestamp_ms=T0)
+    a.roll()
+    clean(a)                                    # x@0 now lies in a's clean section
+    for i in range(500):
+        b.append(b"b%d" % i, key=b"x" if i % 50 == 49 else b"y%d" % (i % 7),
+                 timestamp_ms=T0)
+    b.roll()
+    clean(b)                                    # the thread's map: x -> 499 (in b)
+    for i in range(600):
+        a.append(b"a2-%d" % i, key=b"c%d" % (i % 4), timestamp_ms=T0)
+    a.roll()
+    clean(a)                                    # maps a's c0..c3 only, up to offset 620
+    assert (0, b"x", b"only-x") in records(a)
+    assert [k for _, k, _ in records(a)].count(b"x") == 1
+
+
 # -- an error in one partition ------------------------------------------------------------------
 
 
