@@ -1458,8 +1458,9 @@ from segstore.transaction_index import collect_aborted_transactions  # noqa: E40
 LARGE = T0 + 10 ** 10
 TXN_DR = 86_400_000
 
+# Regression note (found by these tests, fixed in the same session): the diagnosis as reported.
 ABORT_MARKER_LATER_BUG = (
-    "Aborted data is recognised only when its .txnindex entry is in the segment being "
+    "Aborted data was recognised only when its .txnindex entry is in the segment being "
     "mapped/filtered: Cleaner.build_offset_map passes collect_aborted(lg, dirty, ...) and "
     "clean_segments collect_aborted(lg, [seg], seg.base_offset, next base) (cleaner.py, "
     "collect_aborted reads only the given segments' indexes), but the entry lives in the "

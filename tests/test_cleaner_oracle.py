@@ -77,7 +77,8 @@ def current(lg) -> list[tuple]:
 
 
 def file_view(lg) -> tuple[list, list]:
-    """kafka-python's records of every segment file and the v2 headers (struct) of every batch."""
+    """kafka-python's data records of every segment file and the v2 headers (struct) of every
+    batch."""
     recs, headers = [], []
     for seg in lg.segments:
         with open(seg.log_path, "rb") as f:
@@ -87,8 +88,9 @@ def file_view(lg) -> tuple[list, list]:
         while mr.has_next():
             b = mr.next_batch()
             assert b.validate_crc(), seg.log_path
-            recs += [(r.offset, r.key, r.value, [tuple(h) for h in r.headers], r.timestamp)
-                     for r in b]
+            if not b.is_control_batch:
+                recs += [(r.offset, r.key, r.value, [tuple(h) for h in r.headers], r.timestamp)
+                         for r in b]
             n += 1
         spans = batch_spans(data)
         assert len(spans) == n and (not spans or sum(s for _, s in spans) == len(data))
@@ -392,3 +394,152 @@ def test_tombstones_of_a_quiet_log_go_once_their_horizon_passes(tmp_path):
     assert keys == {b"k5", b"k6", b"k7", b"k8", b"k9"}
     assert [v for t, v in seen if t >= first_clean + hour][0] == set()
     store.close()
+
+
+# -- transactions --------------------------------------------------------------------------------
+#
+# Transactional producers 1-3 (data, COMMIT, ABORT), plain and idempotent (producer 9) writes,
+# segments rolled anywhere (also inside transactions, so markers and their .txnindex entries land
+# in later segments, other groups or the active segment). After every round, the read-committed
+# view (records outside every aborted
+# transaction listed by the current .txnindex files, as a consumer filters them) replays to the
+# same key -> value map as the committed records of the original log; aborted data never becomes
+# visible; the producer state a reload rebuilds from the cleaned log (last sequence, last data
+# offset, epoch, open transactions) is the state before cleaning.
+
+from segstore.producer_state import ProducerStateManager          # noqa: E402
+from segstore.records import ControlRecordType                     # noqa: E402
+from segstore.transaction_index import collect_aborted_transactions  # noqa: E402
+
+txn_op_st = st.one_of(
+    st.tuples(st.just("data"), st.integers(1, 3),
+              st.lists(st.tuples(skewed_key, st.booleans()), min_size=1, max_size=3)),
+    st.tuples(st.just("commit"), st.integers(1, 3)),
+    st.tuples(st.just("abort"), st.integers(1, 3)),
+    st.tuples(st.just("plain"), st.just(0),
+              st.lists(st.tuples(skewed_key, st.booleans()), min_size=1, max_size=3)),
+    st.tuples(st.just("idempotent"), st.just(9),
+              st.lists(st.tuples(skewed_key, st.booleans()), min_size=1, max_size=3)),
+    st.tuples(st.just("roll"), st.just(0)),
+    st.tuples(st.just("clean"), st.sampled_from([0, DR // 2, DR]), st.integers(1, 2)),
+)
+
+
+def producer_state(segments) -> tuple:
+    m = ProducerStateManager.rebuild(segments)
+    return ({pid: (e.last_sequence, e.last_data_offset, e.producer_epoch)
+             for pid, e in m.producers.items()}, m.first_unstable_offset())
+
+
+def committed_view(recs, aborted_ranges) -> dict:
+    """key -> last value over records outside the aborted ranges [(pid, first, last)]."""
+    out = {}
+    for off, k, v, pid in recs:
+        if k is None or any(p == pid and a <= off <= b for p, a, b in aborted_ranges):
+            continue
+        out[k] = v
+    return {k: v for k, v in out.items() if v is not None}
+
+
+@oracle_settings
+@given(cfg=config_st, ops=st.lists(txn_op_st, max_size=25))
+def test_transactional_workloads_against_a_committed_replay(tmp_path_factory, cfg, ops):
+    root = str(tmp_path_factory.mktemp("txn") / "store")
+    clock = FakeClock(T0)
+    cfg = dict(cfg, segment_bytes=1 << 20)          # rolls only where the workload says
+    store, lg = open_compacted(root, clock, cfg)
+    orig: dict[int, tuple] = {}                     # offset -> (key, value, producer id)
+    aborted: list[tuple] = []                       # (pid, first data offset, marker offset)
+    open_txn: dict[int, int] = {}                   # pid -> first offset
+    txn_data: dict[int, list] = {}
+    seq = {1: 0, 2: 0, 3: 0, 9: 0}
+
+    def write(pid, recs, transactional):
+        keys = [b"k%d" % k for k, _ in recs]
+        values = [None if tomb else b"v%d-%d" % (lg.log_end_offset, i)
+                  for i, (_, tomb) in enumerate(recs)]
+        kw = {}
+        if pid:
+            kw = dict(producer_id=pid, producer_epoch=0, base_sequence=seq[pid],
+                      is_transactional=transactional)
+            seq[pid] += len(recs)
+        info = lg.append_batch(values, keys=keys, **kw)
+        for i in range(len(recs)):
+            orig[info.first_offset + i] = (keys[i], values[i], pid or -1)
+        return info
+
+    def check(stats=None):
+        cur = [(r.offset, r.key, r.value) for r in lg.iter_records()]
+        for off, k, v in cur:
+            assert (k, v) == orig[off][:2], off
+        assert lg.log_end_offset == leo[0]
+        index = [(t.producer_id, t.first_offset, t.last_offset)
+                 for t in collect_aborted_transactions(lg.segments, 0, lg.log_end_offset)]
+        stable = lg.last_stable_offset
+        got = committed_view([(o, k, v, orig[o][2]) for o, k, v in cur if o < stable], index)
+        want = committed_view([(o, k, v, p) for o, (k, v, p) in sorted(orig.items())
+                               if o < stable], aborted)
+        assert got == want
+        # Every aborted record still in the log is covered by an index entry.
+        for off, _, _ in cur:
+            pid = orig[off][2]
+            if any(p == pid and a <= off <= b for p, a, b in aborted):
+                assert any(p == pid and a <= off <= b for p, a, b in index), off
+        assert producer_state(lg.segments) == before_state[0]
+        recs, _ = file_view(lg)
+        assert [r[:3] for r in recs] == cur
+        assert lg.verify() == []
+
+    leo = [0]
+    before_state = [None]
+    try:
+        for op in ops:
+            kind, arg = op[0], op[1]
+            if kind == "data":
+                info = write(arg, op[2], True)
+                open_txn.setdefault(arg, info.first_offset)
+                txn_data.setdefault(arg, []).append(info)
+            elif kind in ("commit", "abort"):
+                if arg not in open_txn:
+                    continue
+                ctype = ControlRecordType.COMMIT if kind == "commit" else ControlRecordType.ABORT
+                info = lg.append_control(ctype, producer_id=arg, producer_epoch=0)
+                if kind == "abort":
+                    aborted.append((arg, open_txn[arg], info.first_offset))
+                del open_txn[arg]
+                txn_data.pop(arg, None)
+            elif kind == "plain":
+                write(0, op[2], False)
+            elif kind == "idempotent":
+                write(9, op[2], False)
+            elif kind == "roll":
+                lg.roll()                   # also inside transactions: markers land later
+            else:
+                leo[0] = lg.log_end_offset
+                before_state[0] = producer_state(lg.segments)
+                clock.advance(arg)
+                for _ in range(op[2]):
+                    stats = one_round(store, clock.now)
+                    check(stats)
+                    if stats is None:
+                        break
+        for pid in list(open_txn):
+            info = lg.append_control(ControlRecordType.ABORT, producer_id=pid, producer_epoch=0)
+            aborted.append((pid, open_txn.pop(pid), info.first_offset))
+        lg.roll()
+        leo[0] = lg.log_end_offset
+        before_state[0] = producer_state(lg.segments)
+        assert before_state[0][1] is None
+        for now in (clock.now, clock.now + DR, clock.now + DR):
+            for _ in range(100):
+                stats = one_round(store, now)
+                check(stats)
+                if stats is None:
+                    break
+            lg.append_batch([b"tick"], keys=[b"tick"])
+            orig[lg.log_end_offset - 1] = (b"tick", b"tick", -1)
+            lg.roll()
+            leo[0] = lg.log_end_offset
+            before_state[0] = producer_state(lg.segments)
+    finally:
+        store.close()
