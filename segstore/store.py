@@ -475,20 +475,24 @@ class LogStore:
             tps = sorted(tp for tp, lg in self._logs.items() if lg.config.compact)
         results: list[CleanerStats] = []
         mgr = self.cleaner.manager
-        for tp in tps:
-            last_end = None
-            while True:
-                now = self.clock() if now_ms is None else now_ms
-                ltc = mgr.grab_log(tp, now, force=force)
-                if ltc is None:
-                    break
-                stats = self.cleaner.clean_log(-1, ltc, now, raise_errors=True)
-                if stats is None:
-                    break
-                results.append(stats)
-                if not stats.map_full or stats.end_offset == last_end:
-                    break  # done, or a full map made no progress
-                last_end = stats.end_offset
+        worker = self.cleaner.acquire_on_demand_id()
+        try:
+            for tp in tps:
+                last_end = None
+                while True:
+                    now = self.clock() if now_ms is None else now_ms
+                    ltc = mgr.grab_log(tp, now, force=force)
+                    if ltc is None:
+                        break
+                    stats = self.cleaner.clean_log(worker, ltc, now, raise_errors=True)
+                    if stats is None:
+                        break
+                    results.append(stats)
+                    if not stats.map_full or stats.end_offset == last_end:
+                        break  # done, or a full map made no progress
+                    last_end = stats.end_offset
+        finally:
+            self.cleaner.release_on_demand_id(worker)
         return results
 
     def write_checkpoints(self) -> None:

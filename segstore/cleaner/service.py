@@ -47,6 +47,7 @@ class LogCleaner:
         self.last_pre_clean: dict = {}      # thread id -> PreCleanStats of its last selection
         self._workers: dict = {}            # thread id -> {strategy: Cleaner}
         self._workers_lock = threading.Lock()
+        self._on_demand_ids: set = set()    # negative ids of on-demand rounds in progress
 
     # -- workers ----------------------------------------------------------------------------
     @property
@@ -87,6 +88,23 @@ class LogCleaner:
         if self._stop.is_set():
             raise CleaningAbortedError("the cleaner is shutting down")
         self.manager.check_cleaning_aborted(tp)
+
+    def acquire_on_demand_id(self) -> int:
+        """A worker id (-1, -2, ...) for an on-demand round in the calling thread: concurrent
+        ``store.compact`` calls never share an offset map or output buffer."""
+        with self._workers_lock:
+            i = -1
+            while i in self._on_demand_ids:
+                i -= 1
+            self._on_demand_ids.add(i)
+            return i
+
+    def release_on_demand_id(self, i: int) -> None:
+        """End an on-demand round: its map's pages go back to the OS until the next one."""
+        with self._workers_lock:
+            self._on_demand_ids.discard(i)
+            for worker in self._workers.get(i, {}).values():
+                worker.offset_map.clear()
 
     # -- one round --------------------------------------------------------------------------
     def clean_log(self, thread_id: int, ltc: LogToClean, now: Optional[int] = None,
