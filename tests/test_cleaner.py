@@ -33,6 +33,9 @@ from segstore import TopicPartition, _core
 from segstore.cleaner import Cleaner, CleanerStats, PreCleanStats, Throttler, group_segments_by_size
 from segstore.cleaner.transactions import CleanedTransactionMetadata
 from segstore.errors import CleaningAbortedError, CorruptRecordError, InvalidTopicError
+from segstore.producer_state import ProducerStateManager
+from segstore.records import ControlRecordType
+from segstore.transaction_index import collect_aborted_transactions
 
 T0 = 1_700_000_000_000
 INT_MAX = 2 ** 31 - 1
@@ -1451,9 +1454,6 @@ def test_compact_argument_errors(root, clock):
 # markers). Kafka's "largeTimestamp" is LARGE here: later than every record, so a second pass at
 # LARGE + delete.retention.ms + 1 is past every horizon stamped at LARGE (runTwoPassClean).
 
-from segstore.producer_state import ProducerStateManager        # noqa: E402
-from segstore.records import ControlRecordType                   # noqa: E402
-from segstore.transaction_index import collect_aborted_transactions  # noqa: E402
 
 LARGE = T0 + 10 ** 10
 TXN_DR = 86_400_000

@@ -34,6 +34,9 @@ from kafka.record.memory_records import MemoryRecords as KpMemoryRecords
 import segstore
 from conftest import FakeClock, batch_spans, v2_header
 from segstore import TopicPartition
+from segstore.producer_state import ProducerStateManager
+from segstore.records import ControlRecordType
+from segstore.transaction_index import collect_aborted_transactions
 
 T0 = 1_700_000_000_000
 TP = TopicPartition("t", 0)
@@ -407,9 +410,6 @@ def test_tombstones_of_a_quiet_log_go_once_their_horizon_passes(tmp_path):
 # visible; the producer state a reload rebuilds from the cleaned log (last sequence, last data
 # offset, epoch, open transactions) is the state before cleaning.
 
-from segstore.producer_state import ProducerStateManager          # noqa: E402
-from segstore.records import ControlRecordType                     # noqa: E402
-from segstore.transaction_index import collect_aborted_transactions  # noqa: E402
 
 txn_op_st = st.one_of(
     st.tuples(st.just("data"), st.integers(1, 3),
