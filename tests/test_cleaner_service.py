@@ -717,6 +717,36 @@ def test_topic_deletion_during_a_round(stores, monkeypatch):
     wait_until(lambda: cp_of(s).get(("u", 0)) == 20, what="the other topic cleaned")
 
 
+def test_close_during_a_round_aborts_it_cleanly(stores, monkeypatch):
+    """Shutting the cleaner down aborts a round in progress: its .cleaned files go, the log and
+    the checkpoint stay as they were, and the store reopens with the same records."""
+    s = stores(log_cleaner_threads=1, log_cleaner_backoff_ms=5)
+    s.create_topic("t", 1, {"cleanup.policy": "compact"})
+    lg = s.partition("t", 0)
+    fill(lg, 4)
+    pre = records(lg)
+    started = threading.Event()
+    real = Cleaner._clean_into
+
+    def held(self, lg_, source, dest, *a, **kw):
+        if not started.is_set():
+            started.set()
+            wait_until(lambda: s.cleaner._stop.is_set(), 20, "the shutdown")
+        return real(self, lg_, source, dest, *a, **kw)
+    monkeypatch.setattr(Cleaner, "_clean_into", held)
+    s.start_services()
+    assert started.wait(20)
+    path = s.path
+    s.close()
+    assert not s.cleaner.running
+    assert temp_files(os.path.join(path, "t-0")) == []
+    assert not os.path.exists(os.path.join(path, CP_NAME)) or cp_of(s) == {}
+    monkeypatch.setattr(Cleaner, "_clean_into", real)
+    with segstore.open(path) as again:
+        assert records(again.partition("t", 0)) == pre
+        assert [st.end_offset for st in again.compact("t")] == [40]
+
+
 # -- the throttle (REF §6.2) -----------------------------------------------------------------------
 
 
