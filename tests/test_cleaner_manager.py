@@ -423,7 +423,7 @@ def test_selection_error_is_reported_and_others_still_selected(store, monkeypatc
     assert len(logs) == 3
 
 
-# -- deadline scheduling (segstore beyond Kafka) ----------------------------------------------------
+# -- deadline scheduling (segstore beyond Kafka) ---------------------------------------------------
 
 
 def test_overdue_logs_are_served_first_most_overdue_first(store, clock):
@@ -489,7 +489,7 @@ def test_an_overdue_log_needs_cleanable_bytes(store, clock):
     assert d["eligible"] is False and d["reason"].startswith("nothing cleanable")
 
 
-# -- states (REF §6.3 table, #54) --------------------------------------------------------------------
+# -- states (REF §6.3 table, #54) ------------------------------------------------------------------
 
 
 def test_pause_counts_and_resume_errors(store):
