@@ -36,6 +36,9 @@ def root(tmp_path_factory):
                           key=None if i % 7 == 0 else b"k%d" % i,
                           headers=[("h", b"%d" % i), ("n", None)] if i % 3 == 0 else None,
                           timestamp_ms=T0 + i * 1000 + p)
+        store.create_topic("trimmed", 1)
+        store.partition("trimmed", 0).append_batch([b"t%d" % i for i in range(20)])
+        store.partition("trimmed", 0).delete_records(8)  # the log now starts at offset 8
         for t, n in (("metrics-a", 1), ("metrics-b", 2)):
             for p in range(n):
                 store.partition(t, p).append_batch([b"m%d" % i for i in range(5)],
@@ -135,6 +138,21 @@ def test_min_partitions_and_max_records_per_partition(spark, root):
     df = load(spark, root, subscribe="events", maxRecordsPerPartition="15")
     assert df.rdd.getNumPartitions() == 9  # 40 records -> 3 pieces of at most 15, per partition
     assert collect(df) == expected(root, whole(root, "events"))
+
+
+def test_fail_on_data_loss_in_batch_reads(spark, root):
+    gone = {"trimmed": {"0": 3}}
+    with pytest.raises(Exception, match="log start offset is now 8.*failOnDataLoss"):
+        load(spark, root, subscribe="trimmed", startingOffsets=gone).collect()
+    got = collect(load(spark, root, subscribe="trimmed", startingOffsets=gone,
+                       failOnDataLoss="false"))
+    assert got == expected(root, [("trimmed", 0, 8, 20)])
+    # Offsets past the end: truncated away as far as the reader can tell.
+    with pytest.raises(Exception, match="log end offset is 20"):
+        load(spark, root, subscribe="trimmed", endingOffsets={"trimmed": {"0": 25}}).collect()
+    got = collect(load(spark, root, subscribe="trimmed", failOnDataLoss="false",
+                       endingOffsets={"trimmed": {"0": 25}}))
+    assert got == expected(root, [("trimmed", 0, 8, 20)])
 
 
 def test_user_schema_is_rejected(spark, root):
