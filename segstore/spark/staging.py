@@ -88,7 +88,8 @@ class Stager:
         entry = self._open.get(key)
         if entry is None:
             os.makedirs(self.dir, exist_ok=True)
-            name = f"{topic}-{partition}.{self.task}.stage"
+            # Named by task and sequence, not topic: a 249-character topic name would not fit.
+            name = f"{self.task}.{len(self._open)}.stage"
             entry = self._open[key] = [open(os.path.join(self.dir, name), "wb"), name, 0, 0]
         entry[0].write(data)
         entry[2] += records
