@@ -307,8 +307,9 @@ class LogCleanerManager:
     def grab_log(self, tp: TopicPartition, now: Optional[int] = None,
                  force: bool = False) -> Optional[LogToClean]:
         """Take one named log for an on-demand clean (``store.compact``): it must not be in
-        any state; returns None when it has nothing to clean or is not eligible (unless
-        ``force``, which cleans whatever its dirty ratio)."""
+        any state; returns None when it has nothing to clean or is not eligible, or is
+        quarantined as uncleanable (``force`` cleans whatever its dirty ratio and retries a
+        quarantined log)."""
         now = self.clock() if now is None else now
         tp = TopicPartition(*tp)
         with self._lock:
@@ -319,6 +320,8 @@ class LogCleanerManager:
                 self._lock.wait(0.1)   # a cleaner thread has it: wait for its round
             if tp in self._states:     # paused
                 return None
+            if tp in self.uncleanable and not force:
+                return None            # quarantined after an error: only force retries it
             ltc = self.log_to_clean(lg, self.all_cleaner_checkpoints().get(tp), now)
             eligible = ((ltc.need_compaction_now and ltc.cleanable_bytes > 0)
                         or ltc.cleanable_ratio > lg.config.min_cleanable_dirty_ratio)
@@ -326,6 +329,7 @@ class LogCleanerManager:
                     and not (force and ltc.cleanable_bytes > 0):
                 return None
             ltc.forced = force and not eligible
+            self.uncleanable.pop(tp, None)   # a forced retry; a new error quarantines it again
             self._states[tp] = IN_PROGRESS
             return ltc
 

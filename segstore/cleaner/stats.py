@@ -1,6 +1,7 @@
 """CleanerStats and PreCleanStats (REF §6.13): what one cleaning round did, and Kafka's summary.
 
-Times are the store clock's milliseconds (so tests with a fake clock get exact numbers); the
+Start, map-complete and end times are wall-clock (monotonic) milliseconds: they measure how
+long a round took, which the store's injectable clock (the time rules' clock) does not. The
 summary's rates guard against a zero elapsed time.
 """
 
