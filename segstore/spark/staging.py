@@ -24,6 +24,7 @@ import logging
 import mmap
 import os
 import shutil
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,12 +42,18 @@ log = logging.getLogger("segstore.spark")
 
 STAGING_DIR = ".staging"
 MANIFEST = "_manifest.json"
+ABORTED = ".aborted"  # <job>.aborted beside the job dirs: a straggling task must not restage
+STALE_SECONDS = 24 * 3600  # staging untouched this long, by a job without a manifest, is garbage
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call
 MAX_APPEND_THREADS = 8
 
 
 class CommitRecoveryError(SegstoreError):
     """An interrupted commit cannot be rolled back: other records followed it."""
+
+
+class JobAbortedError(SegstoreError):
+    """A task tried to stage data for a write job that was already aborted."""
 
 
 def job_dir(root: str, job: str) -> str:
@@ -87,6 +94,10 @@ class Stager:
         key = (topic, partition)
         entry = self._open.get(key)
         if entry is None:
+            # Spark may abort a job while other tasks still run: they must not leave files
+            # behind the abort's cleanup (files already open were unlinked with the job dir).
+            if os.path.exists(self.dir + ABORTED):
+                raise JobAbortedError(f"write job {os.path.basename(self.dir)} was aborted")
             os.makedirs(self.dir, exist_ok=True)
             # Named by task and sequence, not topic: a 249-character topic name would not fit.
             name = f"{self.task}.{len(self._open)}.stage"
@@ -243,6 +254,8 @@ def recover(store, root: str, keep: Iterable = ()) -> list:
     if not os.path.isdir(base):
         return undone
     for job in sorted(os.listdir(base)):
+        if job.endswith(ABORTED):
+            continue
         path = os.path.join(base, job, MANIFEST)
         try:
             with open(path, encoding="utf-8") as f:
@@ -262,12 +275,42 @@ def recover(store, root: str, keep: Iterable = ()) -> list:
         os.unlink(path)
         if job not in keep:
             shutil.rmtree(os.path.join(base, job), ignore_errors=True)
+    _collect_garbage(base, keep)
     return undone
 
 
-def discard_job(root: str, job: str) -> None:
-    """Remove a job's staged files; a manifest (a commit in progress) is never removed."""
+def _collect_garbage(base: str, keep: Iterable) -> None:
+    """Remove abort markers and manifest-less staging nobody touched for STALE_SECONDS (left
+    by killed drivers: never appended, safe to drop)."""
+    now = time.time()
+    for name in os.listdir(base):
+        path = os.path.join(base, name)
+        if name in keep or os.path.exists(os.path.join(path, MANIFEST)):
+            continue
+        try:
+            paths = [path] + ([os.path.join(path, n) for n in os.listdir(path)]
+                              if os.path.isdir(path) else [])
+            newest = max(os.stat(p).st_mtime for p in paths)
+        except FileNotFoundError:
+            continue
+        if now - newest > STALE_SECONDS:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+
+
+def discard_job(root: str, job: str, aborted: bool = False) -> None:
+    """Remove a job's staged files; a manifest (a commit in progress) is never removed.
+
+    ``aborted`` (a failed batch job) also leaves ``<job>.aborted`` so that tasks still running
+    cannot stage new files; :func:`recover` removes old markers.
+    """
     jdir = job_dir(root, job)
+    if aborted:
+        os.makedirs(os.path.dirname(jdir), exist_ok=True)
+        with open(jdir + ABORTED, "w"):
+            pass
     try:
         names = os.listdir(jdir)
     except FileNotFoundError:

@@ -133,7 +133,7 @@ class SegstoreWriter(DataSourceArrowWriter):
 
     def abort(self, messages) -> None:
         """A task failed: delete everything the job staged; no partition changes."""
-        discard_job(self.opts.path, self.job)
+        discard_job(self.opts.path, self.job, aborted=True)
 
 
 class _StreamCommit:

@@ -7,6 +7,7 @@ Kafka's default partitioner); what lands is read back with segstore's record rea
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from kafka.partitioner.default import murmur2
@@ -27,9 +28,10 @@ def kafka_partition(key: bytes, n: int) -> int:
 
 
 def staged(root) -> list:
-    """Every file left under the store's staging directory."""
+    """Every staged file left under the store's staging directory (abort markers aside)."""
     base = os.path.join(root, ".staging")
-    return [os.path.join(d, n) for d, _, names in os.walk(base) for n in names]
+    return [os.path.join(d, n) for d, _, names in os.walk(base) for n in names
+            if not n.endswith(staging.ABORTED)]
 
 
 @pytest.fixture
@@ -238,6 +240,25 @@ def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch)
         staging.publish(store, root, "next", [later])
     assert end_offsets(root, "t") == {0: 0, 1: 0, 2: 0, 3: 1}
     assert not os.path.exists(staging.job_dir(root, "dead"))
+
+
+def test_abort_stops_straggling_tasks_and_old_garbage_is_collected(root):
+    msg = stage(root, "gone", "t", 0, [b"a"])
+    staging.discard_job(root, "gone", aborted=True)
+    assert staged(root) == []
+    with pytest.raises(staging.JobAbortedError):
+        stage(root, "gone", "t", 1, [b"late"])  # a task still running after the abort
+    stage(root, "old", "t", 0, [b"x"])  # a killed driver's staging, never committed
+    old = time.time() - staging.STALE_SECONDS - 10
+    for d, _, names in os.walk(os.path.join(root, ".staging")):
+        for p in [d] + [os.path.join(d, n) for n in names]:
+            os.utime(p, (old, old))
+    fresh = stage(root, "fresh", "t", 2, [b"y"])
+    with segstore.open(root) as store:
+        staging.publish(store, root, "fresh", [fresh])
+    assert os.listdir(os.path.join(root, ".staging")) == []
+    assert end_offsets(root, "t") == {0: 0, 1: 0, 2: 1, 3: 0}
+    assert msg.files  # the aborted job's message is simply never committed
 
 
 def test_router_groups_rows_by_partition(root):
