@@ -22,7 +22,7 @@ $(STAMP): $(PY) $(CORE_SRC)
 install: $(STAMP)
 
 demo: install
-	$(PY) examples/quickstart.py
+	$(PY) examples/cdc_pipeline.py
 
 # The whole suite on the optimized build, then again on the debug build
 # (bounds and wraparound checks on), so an out-of-bounds read fails loudly. -P keeps the source
