@@ -142,15 +142,22 @@ class HeaderColumn:
         offs = self.offsets.tolist()
         return [list(zip(ks[offs[i]:offs[i + 1]], vs[offs[i]:offs[i + 1]])) for i in range(len(self))]
 
-    def to_arrow(self, large: bool = True):
-        """``list<struct<key: string, value: binary>>`` as Spark's Kafka source types it."""
+    def to_arrow(self, large: bool = True, null_when_empty: bool = False):
+        """``list<struct<key: string, value: binary>>`` as Spark's Kafka source types it.
+
+        ``null_when_empty`` gives a record without headers a null cell instead of an empty
+        list, as Spark's Kafka source does."""
         import pyarrow as pa
 
         key_bin = self.keys.to_arrow(large=False)
         keys = pa.Array.from_buffers(pa.string(), len(key_bin), key_bin.buffers())
         values = self.values.to_arrow(large=False)
         structs = pa.StructArray.from_arrays([keys, values], names=["key", "value"])
-        return pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32)), structs)
+        offsets = pa.array(self.offsets.astype(np.int32))
+        if null_when_empty:
+            empty = pa.array(np.diff(self.offsets) == 0)
+            return pa.ListArray.from_arrays(offsets, structs, mask=empty)
+        return pa.ListArray.from_arrays(offsets, structs)
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,7 +195,8 @@ class RecordColumns:
 
         With ``spark=True`` the columns, names and types are exactly Spark's Kafka source schema:
         key/value binary (32-bit offsets), topic string, partition int32, offset int64,
-        timestamp ``timestamp[us, UTC]``, timestampType int32, and headers when present.
+        timestamp ``timestamp[us, UTC]``, timestampType int32, and headers when present (null
+        for a record without headers, as in Spark).
         """
         import pyarrow as pa
 
@@ -213,7 +221,7 @@ class RecordColumns:
         ]
         names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
         if self.headers is not None:
-            arrays.append(self.headers.to_arrow())
+            arrays.append(self.headers.to_arrow(null_when_empty=True))
             names.append("headers")
         return pa.RecordBatch.from_arrays(arrays, names=names)
 

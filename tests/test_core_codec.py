@@ -912,3 +912,28 @@ def test_corrupt_error_names_file_and_position():
     with pytest.raises(CorruptRecordError) as ei:
         _core.scan_batches(bad, validate_crc=True, file="x.log")
     assert ei.value.position == pos and ei.value.file == "x.log"
+
+
+def test_to_arrow_spark_schema_and_null_headers(tmp_path):
+    """``to_arrow(spark=True)`` has exactly Spark's Kafka source types; a record without headers
+    gets a null headers cell (Spark's KafkaRecordToRowConverter), one with headers its list."""
+    import pyarrow as pa
+    import segstore
+    with segstore.open(str(tmp_path / "s")) as st:
+        st.create_topic("t", 2)
+        lg = st.partition("t", 1)
+        lg.append_batch([b"a", b"b", None], keys=[b"k", None, b"k"],
+                        headers=[[("h", b"1"), ("g", None)], [], None], timestamps_ms=5)
+        batch = lg.read_columns(0, include_headers=True).to_arrow(spark=True)
+    assert batch.schema.names == ["key", "value", "topic", "partition", "offset", "timestamp",
+                                  "timestampType", "headers"]
+    assert batch.schema.field("key").type == pa.binary()
+    assert batch.schema.field("partition").type == pa.int32()
+    assert batch.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+    assert batch.schema.field("timestampType").type == pa.int32()
+    assert batch.column("headers").to_pylist() == [
+        [{"key": "h", "value": b"1"}, {"key": "g", "value": None}], None, None]
+    assert batch.column("key").to_pylist() == [b"k", None, b"k"]
+    assert batch.column("topic").to_pylist() == ["t"] * 3
+    assert batch.column("partition").to_pylist() == [1] * 3
+    assert [t.value // 1000 for t in batch.column("timestamp")] == [5, 5, 5]
