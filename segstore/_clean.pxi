@@ -82,6 +82,11 @@ cdef inline int64_t _probe_slot(const MapCore* m, uint64_t h1, uint64_t h2,
 
 cdef inline int _map_put(MapCore* m, uint64_t h1, uint64_t h2, int64_t offset, int64_t value,
                          bint update_only) noexcept nogil:
+    return _map_put_from(m, h1, h2, _probe_slot(m, h1, h2, 0), offset, value, update_only)
+
+
+cdef inline int _map_put_from(MapCore* m, uint64_t h1, uint64_t h2, int64_t slot0, int64_t offset,
+                              int64_t value, bint update_only) noexcept nogil:
     """Kafka's put: overwrite the entry with an equal digest or fill the first empty slot.
 
     With a strategy (KIP-280) an equal digest is overwritten only when ``value`` is at least the
@@ -93,8 +98,8 @@ cdef inline int _map_put(MapCore* m, uint64_t h1, uint64_t h2, int64_t offset, i
     if not update_only and m.entries >= m.slots:
         return ST_MAP_FULL
     m.lookups += 1
+    slot = slot0   # attempt 0's slot, computed by the caller (who prefetched it)
     while True:
-        slot = _probe_slot(m, h1, h2, attempt)
         m.probes += 1
         e = m.mem + slot * m.words
         if e[0] == 0 and e[1] == 0 and e[2] == 0:
@@ -123,16 +128,21 @@ cdef inline int _map_put(MapCore* m, uint64_t h1, uint64_t h2, int64_t offset, i
         attempt += 1
         if update_only and attempt >= m.slots + 12:
             return ST_OK
+        slot = _probe_slot(m, h1, h2, attempt)
 
 
 cdef inline int64_t _map_get(MapCore* m, uint64_t h1, uint64_t h2) noexcept nogil:
+    return _map_get_from(m, h1, h2, _probe_slot(m, h1, h2, 0))
+
+
+cdef inline int64_t _map_get_from(MapCore* m, uint64_t h1, uint64_t h2,
+                                  int64_t slot0) noexcept nogil:
     # Bounded probing: a completely full map answers -1 for an absent key (REF §7 #12).
-    cdef int64_t attempt = 0, slot
+    cdef int64_t attempt = 0, slot = slot0
     cdef int64_t limit = m.slots + DIGEST_BYTES - 4
     cdef uint64_t* e
     m.lookups += 1
     while attempt < limit:
-        slot = _probe_slot(m, h1, h2, attempt)
         m.probes += 1
         e = m.mem + slot * m.words
         if e[0] == 0 and e[1] == 0 and e[2] == 0:
@@ -140,6 +150,7 @@ cdef inline int64_t _map_get(MapCore* m, uint64_t h1, uint64_t h2) noexcept nogi
         if e[0] == h1 and e[1] == h2:
             return <int64_t>e[2]
         attempt += 1
+        slot = _probe_slot(m, h1, h2, attempt)
     return -1
 
 
@@ -425,11 +436,16 @@ cdef int _map_records(MapCore* m, MapBuild* mb, const BatchHeader* h, const uint
     cdef int64_t offset
     cdef uint64_t gh1[MAP_GROUP]
     cdef uint64_t gh2[MAP_GROUP]
+    cdef int64_t gslot[MAP_GROUP]
     cdef int64_t goff[MAP_GROUP]
     cdef int64_t gval[MAP_GROUP]
     cdef bint gput[MAP_GROUP]
     cdef bint full_parse = mb.sk.strategy == STRATEGY_HEADER
+    cdef bint plain = mb.sk.strategy == STRATEGY_OFFSET
     cdef Py_ssize_t ts_end
+    cdef int64_t start_offset = mb.start_offset, end_offset = mb.end_offset
+    cdef int64_t max_desired = mb.max_desired, base = h.base_offset, read = 0
+    cdef bint update_only = mb.update_only
     while j < n:
         g = n - j if n - j < MAP_GROUP else MAP_GROUP
         for k in range(g):
@@ -438,27 +454,36 @@ cdef int _map_records(MapCore* m, MapBuild* mb, const BatchHeader* h, const uint
             else:
                 st = _record_fields(b, &pos, end, &r, &ts_end)
             if st != ST_OK:
+                mb.messages_read += read
                 return st
-            offset = h.base_offset + r.offset_delta
+            offset = base + r.offset_delta
             goff[k] = offset
-            gput[k] = r.key_len >= 0 and mb.start_offset <= offset < mb.end_offset
+            gput[k] = r.key_len >= 0 and start_offset <= offset < end_offset
             if gput[k]:
-                st = _strategy_value(&mb.sk, h, b, end, &r, &gval[k])
-                if st != ST_OK:
-                    return st
+                if plain:
+                    gval[k] = 0
+                else:
+                    st = _strategy_value(&mb.sk, h, b, end, &r, &gval[k])
+                    if st != ST_OK:
+                        mb.messages_read += read
+                        return st
                 murmur3_x64_128(b + r.key_pos, r.key_len if r.key_len > 0 else 0, 0,
                                 &gh1[k], &gh2[k])
-                SEGSTORE_PREFETCH(m.mem + _probe_slot(m, gh1[k], gh2[k], 0) * m.words)
+                gslot[k] = _probe_slot(m, gh1[k], gh2[k], 0)
+                SEGSTORE_PREFETCH(m.mem + gslot[k] * m.words)
         for k in range(g):
             if gput[k]:
-                if not mb.update_only and m.entries >= mb.max_desired:
+                if not update_only and m.entries >= max_desired:
                     mb.full = True
+                    mb.messages_read += read
                     return ST_OK
-                st = _map_put(m, gh1[k], gh2[k], goff[k], gval[k], mb.update_only)
+                st = _map_put_from(m, gh1[k], gh2[k], gslot[k], goff[k], gval[k], update_only)
                 if st != ST_OK:
+                    mb.messages_read += read
                     return st
-            mb.messages_read += 1
+            read += 1
         j += g
+    mb.messages_read += read
     if pos != end:
         return ST_LEFTOVER
     return ST_OK
@@ -661,6 +686,7 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
     cdef int32_t gvlen[MAP_GROUP]
     cdef int32_t gklen[MAP_GROUP]
     cdef bint glook[MAP_GROUP]
+    cdef int64_t gslot[MAP_GROUP]
     rebuilt[0] = False
     if mode != DELETE and out_cap - out_pos[0] < _room_needed(h, rend - rpos):
         return ST_OUTPUT_FULL
@@ -694,7 +720,8 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
                         and r.key_len >= 0)
             if glook[k]:
                 murmur3_x64_128(rb + r.key_pos, r.key_len, 0, &gh1[k], &gh2[k])
-                SEGSTORE_PREFETCH(m.mem + _probe_slot(m, gh1[k], gh2[k], 0) * m.words)
+                gslot[k] = _probe_slot(m, gh1[k], gh2[k], 0)
+                SEGSTORE_PREFETCH(m.mem + gslot[k] * m.words)
         for k in range(g):
             offset = goff[k]
             if discard_records:
@@ -707,7 +734,7 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
                 keep = False
                 fc.invalid += 1
             else:
-                got = _map_get(m, gh1[k], gh2[k])
+                got = _map_get_from(m, gh1[k], gh2[k], gslot[k])
                 if fc.strategy == STRATEGY_OFFSET:
                     ok = offset >= got
                 else:
