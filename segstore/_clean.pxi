@@ -990,7 +990,10 @@ def finish_crcs(bytearray out, Py_ssize_t start, Py_ssize_t end):
         if scan_one(&ov[0], pos, end, &h) != ST_OK:
             raise ValueError(f"no complete batch at position {pos}")
         if h.magic == 2 and h.crc == 0:
-            wr_u32(&ov[pos + 17], _crc32c_pkg(mv[pos + 21:pos + h.size]))
+            if _crc_fn != NULL:
+                wr_u32(&ov[pos + 17], crc32c_c(&ov[pos + 21], h.size - 21))
+            else:
+                wr_u32(&ov[pos + 17], _crc32c_pkg(mv[pos + 21:pos + h.size]))
         pos += h.size
 
 

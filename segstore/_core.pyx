@@ -126,3 +126,5 @@ include "_records.pxi"
 include "_encode.pxi"
 include "_index.pxi"
 include "_clean.pxi"
+
+_bind_crc32c()

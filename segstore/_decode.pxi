@@ -312,7 +312,8 @@ cdef struct BatchOut:
 
 cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
                         int64_t lo, int64_t hi, bint headers, BatchOut* outs) except -1:
-    """Counting pass over regions [i0, i1): CRC (with the GIL, per batch) then sizes (nogil)."""
+    """Counting pass over regions [i0, i1): CRC then sizes, per batch (without the GIL unless
+    the crc32c package's routine could not be bound)."""
     cdef Py_ssize_t i
     cdef ColumnSink s
     cdef Region* reg
@@ -320,11 +321,16 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
     for i in range(i0, i1):
         reg = &regs.items[i]
         h = reg.header
-        if reg.crc_pending and not _crc_ok(mvs[reg.source], <BatchHeader*>h):
+        if reg.crc_pending and _crc_fn == NULL and not _crc_ok(mvs[reg.source], <BatchHeader*>h):
             outs[i].status = ST_CRC
             outs[i].err_pos = h.position
             return 0
         with nogil:
+            if reg.crc_pending and _crc_fn != NULL and not crc32c_c(
+                    reg.data + h.position + 21, h.size - 21) == h.crc:
+                outs[i].status = ST_CRC
+                outs[i].err_pos = h.position
+                return 0
             memset(&s, 0, sizeof(ColumnSink))
             outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers, &s,
                                                    &outs[i].err_pos)

@@ -81,7 +81,10 @@ cdef int _bytes_arg(object o, list keep, const uint8_t** p, int32_t* n, str what
 
 cdef _finish_batch(bytearray out, Py_ssize_t pos, Py_ssize_t size):
     cdef uint8_t* p = <uint8_t*>(<char*>out) + pos
-    wr_u32(p + 17, _crc32c_pkg(memoryview(out)[pos + 21:pos + size]))
+    if _crc_fn != NULL:
+        wr_u32(p + 17, crc32c_c(p + 21, size - 21))
+    else:
+        wr_u32(p + 17, _crc32c_pkg(memoryview(out)[pos + 21:pos + size]))
 
 
 cdef object _compress_batch(object out, Py_ssize_t pos, Py_ssize_t size, int codec, level):
@@ -402,9 +405,16 @@ cdef class _EncodeJob:
                            self.log_append_time, self.hdrs)
         if not self.crc:
             return
-        mv = memoryview(self.out_obj)
         cdef Py_ssize_t b
         cdef BatchHeader* h
+        if _crc_fn != NULL:
+            with nogil:
+                for b in range(b0, b1):
+                    h = &self.hdrs[b]
+                    h.crc = crc32c_c(self.out + h.position + 21, h.size - 21)
+                    wr_u32(self.out + h.position + 17, h.crc)
+            return
+        mv = memoryview(self.out_obj)
         for b in range(b0, b1):
             h = &self.hdrs[b]
             h.crc = _crc32c_pkg(mv[h.position + 21:h.position + h.size])

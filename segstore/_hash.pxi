@@ -96,6 +96,57 @@ cdef inline void murmur3_x64_128(const uint8_t* data, Py_ssize_t length, uint32_
     out2[0] = h2
 
 
+# CRC-32C without the GIL: the crc32c package's own C routine (hardware or slicing-by-8, as the
+# package chose at import), bound through its exported symbol and checked against the package's
+# Python function at import. If the symbol is missing (another build of the package), every CRC
+# goes through the Python function instead, with the GIL, one batch at a time.
+ctypedef uint32_t (*CrcFn)(uint32_t, const uint8_t*, size_t) noexcept nogil
+cdef CrcFn _crc_fn = NULL
+
+
+cdef inline uint32_t crc32c_c(const uint8_t* p, size_t n) noexcept nogil:
+    return _crc_fn(0xFFFFFFFFU, p, n) ^ 0xFFFFFFFFU
+
+
+def _bind_crc32c() -> bool:
+    """Bind the crc32c package's C routine for GIL-free CRCs; False when it cannot be found or
+    disagrees with ``crc32c.crc32c`` on test vectors."""
+    global _crc_fn
+    _crc_fn = NULL
+    try:
+        import ctypes
+        import crc32c as pkg
+        import crc32c._crc32c as ext
+        lib = ctypes.CDLL(ext.__file__)
+        name = "_crc32c_hw_adler" if getattr(pkg, "hardware_based", False) else \
+            "_crc32c_sw_slicing_by_8"
+        addr = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    except (ImportError, OSError, AttributeError):
+        return False
+    if not addr:
+        return False
+    cdef CrcFn fn = <CrcFn><size_t>addr
+    cdef const uint8_t[::1] v
+    import os as _os
+    for sample in (b"123456789", b"", bytes(range(256)) * 37, _os.urandom(4099)):
+        v = sample
+        if len(sample) and (fn(0xFFFFFFFFU, &v[0], len(sample)) ^ 0xFFFFFFFFU) != _crc32c_pkg(sample):
+            return False
+    _crc_fn = fn
+    return True
+
+
+def _unbind_crc32c() -> None:
+    """Tests: compute every CRC through the Python function (the fallback path)."""
+    global _crc_fn
+    _crc_fn = NULL
+
+
+def crc32c_without_gil() -> bool:
+    """Whether CRCs are computed by the crc32c package's C routine without the GIL."""
+    return _crc_fn != NULL
+
+
 def crc32c(data) -> int:
     """CRC-32C (Castagnoli) of a buffer, computed by the crc32c package."""
     return _crc32c_pkg(data)

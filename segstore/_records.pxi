@@ -242,7 +242,8 @@ def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
             if len(out) >= limit:
                 break
             if r < regs.n and regs.items[r].batch == i:
-                if regs.items[r].crc_pending and not _crc_ok(mv, &vec.items[i]):
+                if regs.items[r].crc_pending and not (
+                        _crc_v2_at(_ptr(view), &vec.items[i]) == 1 or _crc_ok(mv, &vec.items[i])):
                     _raise_status(ST_CRC, vec.items[i].position, file)
                 _decode_region_records(out, &regs.items[r], &vec.items[i], lo, hi, limit, topic,
                                        partition, file)

@@ -126,6 +126,13 @@ cdef inline bint _crc_ok(object mv, BatchHeader* h):
     return (zlib.crc32(mv[h.position + 16:h.position + h.size]) & 0xFFFFFFFF) == h.crc
 
 
+cdef inline int _crc_v2_at(const uint8_t* base, const BatchHeader* h) noexcept nogil:
+    """1 good, 0 bad, -1 when this check needs the GIL (legacy batch, or no bound routine)."""
+    if h.magic < 2 or _crc_fn == NULL:
+        return -1
+    return crc32c_c(base + h.position + 21, h.size - 21) == h.crc
+
+
 cdef class _Scan:
     """Headers of the batches in a buffer range, after the file-scan and (optional) CRC rules."""
     cdef _Headers headers
@@ -155,12 +162,23 @@ cdef _Scan _scan(object obj, const uint8_t[::1] view, Py_ssize_t start, Py_ssize
         s.torn = False
     if s.status == ST_NO_MEMORY:
         raise MemoryError("segstore: out of memory while scanning batches")
-    cdef Py_ssize_t i
-    cdef object mv
+    cdef Py_ssize_t i, bad = -1
+    cdef int ok
+    cdef object mv = None
     if validate_crc and s.headers.vec.n:
-        mv = memoryview(obj).cast("B") if not isinstance(obj, memoryview) else obj.cast("B")
-        for i in range(s.headers.vec.n):
-            if not _crc_ok(mv, &s.headers.vec.items[i]):
+        with nogil:
+            for i in range(s.headers.vec.n):
+                ok = _crc_v2_at(b, &s.headers.vec.items[i])
+                if ok <= 0:
+                    bad = i      # a bad batch, or one whose check needs the GIL
+                    break
+        for i in range(bad if bad >= 0 else s.headers.vec.n, s.headers.vec.n):
+            ok = _crc_v2_at(b, &s.headers.vec.items[i])
+            if ok < 0:
+                if mv is None:
+                    mv = memoryview(obj).cast("B") if not isinstance(obj, memoryview) else obj.cast("B")
+                ok = _crc_ok(mv, &s.headers.vec.items[i])
+            if not ok:
                 s.status = ST_CRC
                 s.error_pos = s.headers.vec.items[i].position
                 s.valid_end = s.error_pos

@@ -937,3 +937,44 @@ def test_to_arrow_spark_schema_and_null_headers(tmp_path):
     assert batch.column("topic").to_pylist() == ["t"] * 3
     assert batch.column("partition").to_pylist() == [1] * 3
     assert [t.value // 1000 for t in batch.column("timestamp")] == [5, 5, 5]
+
+
+@pytest.fixture(params=["bound", "python"])
+def crc_path(request):
+    """Both CRC paths: the crc32c package's C routine without the GIL, and its Python function."""
+    if request.param == "python":
+        _core._unbind_crc32c()
+    yield request.param
+    assert _core._bind_crc32c()
+
+
+def test_crc32c_routine_is_bound_and_agrees_with_the_package():
+    import os
+    assert _core.crc32c_without_gil()  # this environment's crc32c exports its routine
+    data = os.urandom(300_000)
+    enc = _core.encode_batch([data[i:i + 1000] for i in range(0, len(data), 1000)],
+                             timestamps_ms=1)
+    assert _core.scan_batches(enc, validate_crc=True).batches["crc"][0] == \
+        crc32c_pkg.crc32c(bytes(enc)[21:])
+
+
+def test_crc_checks_agree_on_both_paths(crc_path):
+    import os
+    batches = [_core.encode_batch([os.urandom(50) for _ in range(20)], keys=[b"k"] * 20,
+                                  timestamps_ms=1, base_offset=20 * i) for i in range(5)]
+    buf = bytearray(b"".join(batches))
+    for b in _core.scan_batches(buf, validate_crc=True).batches:   # encoder's CRCs are right
+        assert b["crc"] == crc32c_pkg.crc32c(bytes(buf[b["position"] + 21:b["position"] + b["size"]]))
+    assert len(_core.decode_records(buf, validate_crc=True)) == 100
+    assert len(_core.decode_columns(buf, validate_crc=True)) == 100
+    pos = len(batches[0]) + len(batches[1]) + 70          # inside the third batch's records
+    buf[pos] ^= 0xFF
+    res = _core.scan_batches(buf, validate_crc=True, raise_on_corrupt=False)
+    assert res.error is not None and res.error.position == len(batches[0]) + len(batches[1])
+    assert len(res.batches) == 2
+    with pytest.raises(CorruptRecordError) as e:
+        _core.decode_records(buf, validate_crc=True)
+    assert e.value.position == len(batches[0]) + len(batches[1])
+    with pytest.raises(CorruptRecordError) as e:
+        _core.decode_columns(buf, validate_crc=True)
+    assert e.value.position == len(batches[0]) + len(batches[1])
