@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
 import struct
 import zlib
 
 import crc32c as _crc32c_pkg
 from hypothesis import HealthCheck, settings
+import pytest
 
 settings.register_profile(
     "ci", deadline=None, max_examples=40, print_blob=True,
@@ -137,3 +139,22 @@ class FakeClock:
     def advance(self, ms: int) -> int:
         self.now += ms
         return self.now
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The shared SparkSession (local[2], no UI, 2 shuffle partitions): tests/spark and the
+    docs/spark.md examples."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("segstore-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

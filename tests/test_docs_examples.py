@@ -100,9 +100,11 @@ def run_console(block: str, where: str, capsys) -> None:
 
 
 @pytest.mark.parametrize("path", _docs())
-def test_doc_examples_run(path, tmp_path, monkeypatch, capsys):
+def test_doc_examples_run(path, tmp_path, monkeypatch, capsys, request):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__", "segstore": segstore}
+    if os.path.basename(path) == "spark.md":
+        namespace["spark"] = request.getfixturevalue("spark")
     name = os.path.relpath(path, REPO)
     printed = None  # what the last python block printed, while no other block came after it
     try:

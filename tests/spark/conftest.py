@@ -20,20 +20,4 @@ def pytest_collection_modifyitems(config, items):
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.spark)
 
-
-@pytest.fixture(scope="session")
-def spark():
-    """The shared SparkSession (local[2], no UI, 2 shuffle partitions)."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("segstore-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+# The shared ``spark`` session fixture lives in tests/conftest.py (docs examples use it too).
