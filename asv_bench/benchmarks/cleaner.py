@@ -18,14 +18,12 @@ I/O and no decoding at all, so it is the cheapest plain-Python rendering of the 
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 
@@ -36,7 +34,8 @@ from segstore.cleaner.manager import segments_in_range
 from segstore.cleaner.stats import CleanerStats
 from segstore.columns import BinaryColumn
 
-from .common import BASE_TIMESTAMP_MS, KEY_SIZE, RECORDS_PER_BATCH, SEED, VALUE_SIZE
+from .common import (BASE_TIMESTAMP_MS, KEY_SIZE, RECORDS_PER_BATCH, SEED, VALUE_SIZE,
+                     best_of_pair, best_of_pair_fresh)
 
 MIB = 1 << 20
 N_RECORDS = 1_000_000
@@ -103,24 +102,6 @@ def _key_list(meta) -> list:
     return [flat[i:i + KEY_SIZE] for i in range(0, len(flat), KEY_SIZE)]
 
 
-def _best(fn, repeat: int, before=None) -> float:
-    best = float("inf")
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(repeat):
-            if before is not None:
-                before()
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-            gc.collect()
-    finally:
-        if gc_was:
-            gc.enable()
-    return best
-
-
 class _Store:
     """Opens a fresh copy of the cached store for each timed round."""
 
@@ -169,8 +150,7 @@ class MapBuild:
         dict_replay(self.keys)
 
     def track_ratio_map_build_vs_dict(self, meta):
-        t_dict = _best(lambda: dict_replay(self.keys), self.repeats)
-        t_map = _best(self._map, self.repeats)
+        t_dict, t_map = best_of_pair(lambda: dict_replay(self.keys), self._map, self.repeats)
         return round(t_dict / t_map, 3)
 
     track_ratio_map_build_vs_dict.unit = "x"
@@ -199,16 +179,21 @@ class Round(_Store):
         if len(stats) != 1 or stats[0].messages_written != self.distinct:
             raise AssertionError(f"unexpected round: {stats}")
 
+    def _fresh_round(self, meta):
+        self._prepare(meta)
+        return self._round, self._close
+
     def track_ratio_round_vs_dict(self, meta):
-        t_dict = _best(lambda: dict_replay(self.keys), self.repeats)
-        t_round = _best(self._round, self.repeats, before=lambda: self._prepare(meta))
+        t_dict, t_round = best_of_pair_fresh(lambda: (lambda: dict_replay(self.keys), None),
+                                             lambda: self._fresh_round(meta), self.repeats)
         return round(t_dict / t_round, 3)
 
     track_ratio_round_vs_dict.unit = "x"
 
     def track_round_mb_per_s(self, meta):
         size = sum(s.size for s in _sealed(meta))
-        t_round = _best(self._round, self.repeats, before=lambda: self._prepare(meta))
+        _, t_round = best_of_pair_fresh(lambda: (lambda: None, None),
+                                        lambda: self._fresh_round(meta), self.repeats)
         return round(size / MIB / t_round, 1)
 
     track_round_mb_per_s.unit = "MiB/s"
@@ -253,11 +238,11 @@ class TwoThreads(_Store):
             store.compact(TOPIC, 1, force=True)
 
     def track_ratio_two_threads(self, meta):
-        def prep():
+        def fresh(parallel):
             self._close()
             self._open(meta, threads=2)
-        t_one = _best(lambda: self._both(False), self.repeats, before=prep)
-        t_two = _best(lambda: self._both(True), self.repeats, before=prep)
+            return (lambda: self._both(parallel)), self._close
+        t_one, t_two = best_of_pair_fresh(lambda: fresh(False), lambda: fresh(True), self.repeats)
         return round(t_one / t_two, 3)
 
     track_ratio_two_threads.unit = "x"
