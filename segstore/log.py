@@ -237,6 +237,18 @@ class PartitionLog:
             raise InvalidRecordError("only record batch v2 (magic 2) can be appended")
         return self._append_encoded(buf, res.batches)
 
+    def adopt_segment_file(self, path: str) -> AppendInfo:
+        """Make a file of whole v2 batches a new segment at the log end offset, without
+        copying it (only each batch's baseOffset is rewritten; CRCs are checked).
+
+        The file must be on the partition directory's filesystem; it is renamed into the log
+        (or, where adoption does not apply, appended and deleted: see :mod:`segstore.adopt`).
+        Bad data raises as an append would; a crash leaves no adopted segment or a whole one.
+        """
+        self._check_writable()
+        from .adopt import adopt_file
+        return adopt_file(self, path)
+
     def _log_append_time(self, now: int) -> Optional[int]:
         return now if self.config.message_timestamp_type == "LogAppendTime" else None
 

@@ -1,4 +1,4 @@
-"""Exactly-once publishing of Spark writes (design §1.9): stage in tasks, append at commit.
+"""Exactly-once publishing of Spark writes (design §1.9): stage in tasks, adopt at commit.
 
 Tasks write encoded v2 batches to ``<root>/.staging/<job>/`` (one file per task and target
 partition) and report them in a :class:`StagedCommitMessage`. The driver-side commit, holding
@@ -6,8 +6,10 @@ the store's writer lock, then:
 
 1. finishes any commit a dead process left behind (see :func:`recover`);
 2. writes ``_manifest.json`` naming every partition's log end offset before the commit;
-3. appends the staged files with ``PartitionLog.append_records`` (which rewrites base offsets,
-   outside the CRC) and flushes the partitions;
+3. adopts each staged file as a new segment with ``PartitionLog.adopt_segment_file`` (which
+   rewrites base offsets in place, outside the CRC, builds the indexes and renames the file
+   into the partition: no byte is copied), or appends it with ``append_records`` when it is
+   smaller than ``ADOPT_MIN_BYTES``, and flushes the partitions;
 4. for a stream, records the batch id in the query's :class:`~.ledger.CommitLedger`;
 5. removes the manifest and the staging files.
 
@@ -46,6 +48,10 @@ ABORTED = ".aborted"  # <job>.aborted beside the job dirs: a straggling task mus
 STALE_SECONDS = 24 * 3600  # staging untouched this long, by a job without a manifest, is garbage
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call
 MAX_APPEND_THREADS = 8
+# Staged files at least this large become segments (adopted); smaller ones are appended. Below
+# it a copy costs about what adoption's fixed work (fsyncs, index files) does, and adopting
+# would leave one small segment per file (docs/spark.md, "Performance").
+ADOPT_MIN_BYTES = 2 << 20
 
 
 class CommitRecoveryError(SegstoreError):
@@ -165,6 +171,17 @@ def _append_file(lg, path: str, expected_records: int) -> None:
             mm.close()
 
 
+def _publish_file(lg, path: str, staged: StagedFile) -> None:
+    """Adopt (large) or append (small) one staged file; its record count must match."""
+    if staged.size < ADOPT_MIN_BYTES:
+        _append_file(lg, path, staged.records)
+        return
+    info = lg.adopt_segment_file(path)  # checks CRCs; the file becomes a segment
+    if info.num_records != staged.records:
+        raise CorruptRecordError(f"staged file {path} held {info.num_records} records, "
+                                 f"not {staged.records}")  # rolled back by the caller
+
+
 def publish(store, root: str, job: str, messages: list, *,
             ledger: Optional[CommitLedger] = None, batch_id: Optional[int] = None) -> dict:
     """Append every staged file of ``messages`` to its partition, exactly once.
@@ -195,14 +212,14 @@ def publish(store, root: str, job: str, messages: list, *,
         lg = store.partition(*tp)
         first = lg.log_end_offset
         for j, f in files:  # in message order: Spark lists tasks by partition id
-            _append_file(lg, os.path.join(job_dir(root, j), f.name), f.records)
+            _publish_file(lg, os.path.join(job_dir(root, j), f.name), f)
         lg.flush()
         return first, lg.log_end_offset
 
     done = {}
     try:
-        # Partitions are independent logs (each with its own lock) and the copying, CRC and
-        # write loops release the GIL, so partitions are appended on parallel threads.
+        # Partitions are independent logs (each with its own lock) and the CRC, copying and
+        # fsync calls release the GIL, so partitions are published on parallel threads.
         workers = max(1, min(len(by_tp), os.cpu_count() or 1, MAX_APPEND_THREADS))
         with ThreadPoolExecutor(workers, thread_name_prefix="segstore-commit") as pool:
             futures = {tp: pool.submit(append_partition, tp, files)

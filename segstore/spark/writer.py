@@ -111,7 +111,7 @@ def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches) -> St
 
 
 class SegstoreWriter(DataSourceArrowWriter):
-    """Batch writer: every task stages, the driver appends all or nothing."""
+    """Batch writer: every task stages, the driver publishes all or nothing."""
 
     def __init__(self, opts: WriteOptions, layout: InputLayout):
         self.opts = opts
@@ -123,7 +123,8 @@ class SegstoreWriter(DataSourceArrowWriter):
         return write_task(self.opts, self.layout, self.job, iterator)
 
     def commit(self, messages) -> None:
-        """Append every staged file to its partition (runs on the driver side)."""
+        """Publish every staged file to its partition: adopted as a segment, or appended when
+        small (runs on the driver side)."""
         if not any(m is not None and m.files for m in messages):
             discard_job(self.opts.path, self.job)
             return

@@ -174,7 +174,38 @@ def test_commit_waits_for_the_writer_lock_then_gives_up_cleanly(spark, root):
     assert end_offsets(root, "h") == {0: 1}
 
 
+def test_large_staged_files_are_adopted_as_segments(spark, root):
+    """Files of at least ADOPT_MIN_BYTES become segments (renamed, not copied): each
+    partition's records are in a segment of its own, read back like appended ones."""
+    n = 40_000
+    df = spark.range(n).select(
+        F.concat(F.lit("user-"), F.col("id").cast("string")).alias("key"),
+        F.concat(F.lit("value-"), F.col("id").cast("string"), F.lit("-" * 100)).alias("value"))
+    save(df.coalesce(1), root, topic="u")
+    save(df.coalesce(1), root, topic="u")  # a second commit: a second segment per partition
+    got = records(root, "u")
+    assert len(got) == 2 * n
+    assert sorted(v for _, _, v, _ in got) == sorted(
+        b"value-%d" % i + b"-" * 100 for i in range(n) for _ in range(2))
+    with segstore.open(root) as store:
+        for p in range(2):
+            lg = store.partition("u", p)
+            assert lg.verify() == []
+            assert lg.log_end_offset == len([r for r in got if r[0] == p])
+            assert len(lg.segments) == 2  # one adopted segment per commit
+            assert lg.segments[1].base_offset == lg.log_end_offset // 2
+    assert staged(root) == []
+
+
 # -- the commit protocol without Spark --------------------------------------------------------
+
+@pytest.fixture(params=["append", "adopt"])
+def publish_path(request, monkeypatch):
+    """Run a protocol test with tiny files appended (the default) or adopted."""
+    if request.param == "adopt":
+        monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
+    return request.param
+
 
 def stage(root, job, topic, partition, values):
     """Stage one file as a task would; its commit message."""
@@ -183,7 +214,7 @@ def stage(root, job, topic, partition, values):
     return staging.StagedCommitMessage(job=job, task=stager.task, files=stager.finish())
 
 
-def test_publish_appends_staged_files_and_cleans_up(root):
+def test_publish_appends_staged_files_and_cleans_up(root, publish_path):
     msgs = [stage(root, "j1", "t", 0, [b"a", b"b"]), stage(root, "j1", "t", 2, [b"c"]),
             stage(root, "j1", "t", 0, [b"d"])]
     with segstore.open(root) as store:
@@ -194,7 +225,7 @@ def test_publish_appends_staged_files_and_cleans_up(root):
     assert not os.path.exists(staging.job_dir(root, "j1"))
 
 
-def test_publish_rolls_back_every_partition_when_one_append_fails(root):
+def test_publish_rolls_back_every_partition_when_one_append_fails(root, publish_path):
     good = stage(root, "j2", "t", 0, [b"a", b"b"])
     bad = stage(root, "j2", "t", 1, [b"c"])
     path = os.path.join(staging.job_dir(root, "j2"), bad.files[0].name)
@@ -210,24 +241,26 @@ def test_publish_rolls_back_every_partition_when_one_append_fails(root):
     assert not os.path.exists(os.path.join(staging.job_dir(root, "j2"), staging.MANIFEST))
 
 
-def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch):
+def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch, publish_path):
     first = stage(root, "dead", "t", 0, [b"x1", b"x2"])
     second = stage(root, "dead", "t", 1, [b"y"])
     calls = []
-    real = staging._append_file
+    real = staging._publish_file
 
-    def crash_on_second(lg, path, n):
+    def crash_on_second(lg, path, f):
         calls.append(path)
         if len(calls) == 2:
             raise SystemExit("the committing process died here")  # skips the rollback path
-        return real(lg, path, n)
+        return real(lg, path, f)
 
-    monkeypatch.setattr(staging, "_append_file", crash_on_second)
+    monkeypatch.setattr(staging, "_publish_file", crash_on_second)
+    real_roll_back = staging._roll_back
     monkeypatch.setattr(staging, "_roll_back", lambda store, manifest: [])  # died: no rollback
     with segstore.open(root) as store:
         with pytest.raises(SystemExit):
             staging.publish(store, root, "dead", [first, second])
-    monkeypatch.undo()
+    monkeypatch.setattr(staging, "_publish_file", real)
+    monkeypatch.setattr(staging, "_roll_back", real_roll_back)
     with open(os.path.join(staging.job_dir(root, "dead"), staging.MANIFEST), "w") as f:
         # The crash also lost the manifest removal: recreate what publish had written.
         import json

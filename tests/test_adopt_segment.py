@@ -1,0 +1,355 @@
+"""PartitionLog.adopt_segment_file: a staged file of v2 batches becomes a segment (no copy).
+
+Oracle: the same bytes appended to another log with ``append_records`` (the copying path):
+reads, column reads, offsets by time, producer state and aborted transactions must agree.
+Crashes are simulated at every step of the adoption in two ways: the step raises (the live
+log must stay consistent and usable), and the store directory is copied as it is on disk at
+that step and opened after an unclean shutdown (no adopted segment, or a whole valid one).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import fix_crc, rec_tuple
+import segstore
+from segstore import _core, adopt
+from segstore.checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
+from segstore.columns import BinaryColumn
+from segstore.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
+
+T0 = 1_700_000_000_000
+STEPS = ("checked", "offsets", "sealed", "moved", "indexed", "renamed", "published")
+
+
+class Clock:
+    def __init__(self, t=T0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def encode(n, start=0, *, per_batch=100, value_size=50):
+    """n records (keys k<i>, values of value_size bytes, timestamps T0 + i) as v2 batches at
+    base offset 0; ``start`` shifts the record numbering."""
+    idx = range(start, start + n)
+    keys = BinaryColumn.from_pylist([b"k%d" % i for i in idx])
+    values = BinaryColumn.from_pylist([(b"v%d-" % i).ljust(value_size, b"x") for i in idx])
+    ts = np.arange(start, start + n, dtype=np.int64) + T0
+    return bytes(_core.encode_columns(values, keys, ts, base_offset=0,
+                                      records_per_batch=per_batch).data)
+
+
+def stage(root, data, name="f.stage"):
+    d = os.path.join(root, ".staging", "job")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def open_store(root, clock=None, **config):
+    store = segstore.open(str(root), clock=clock or Clock())
+    if "t" not in store.list_topics():
+        store.create_topic("t", 1, config={k.replace("_", "."): v for k, v in config.items()})
+    return store
+
+
+def records(lg):
+    return [rec_tuple(r) for r in lg.iter_records()]
+
+
+def columns(lg):
+    c = lg.read_columns()
+    return (c.offsets.tolist(), c.timestamps_ms.tolist(), c.keys.to_pylist(), c.values.to_pylist())
+
+
+def crash_reopen(root, clock=None):
+    """Open ``root`` as after a crash: no clean-shutdown marker, no recovery checkpoint."""
+    for name in (CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT):
+        try:
+            os.unlink(os.path.join(root, name))
+        except FileNotFoundError:
+            pass
+    return segstore.open(str(root), clock=clock or Clock())
+
+
+@pytest.fixture
+def oracle(tmp_path):
+    """A log that gets the same bytes by append_records."""
+    store = open_store(tmp_path / "oracle")
+    yield store.partition("t", 0)
+    store.close()
+
+
+def test_adopted_records_read_back_like_appended(tmp_path, oracle):
+    root = str(tmp_path / "s")
+    store = open_store(root, index_interval_bytes=1024)
+    lg = store.partition("t", 0)
+    for target in (lg, oracle):
+        target.append_batch([b"first"], [b"k"], timestamps_ms=[T0 - 5])
+    data = encode(1000)
+    path = stage(root, data)
+    info = lg.adopt_segment_file(path)
+    oracle.append_records(data)
+    assert not os.path.exists(path)
+    assert (info.first_offset, info.last_offset, info.num_records, info.size_bytes) == \
+        (1, 1000, 1000, len(data))
+    assert info.max_timestamp == T0 + 999
+    assert lg.log_end_offset == 1001
+    assert [s.base_offset for s in lg.segments] == [0, 1]
+    assert os.path.basename(lg.segments[-1].log_path) == f"{1:020d}.log"
+    assert lg.segments[-1].offset_index.entries == 9  # sparse rule: 10 batches > 1024 bytes
+    assert lg.verify() == []
+    assert records(lg) == records(oracle)
+    assert columns(lg) == columns(oracle)
+    for ts in (T0 - 10, T0, T0 + 1, T0 + 500, T0 + 999, T0 + 1000, -1, -2, -3):
+        assert lg.offset_for_time(ts) == oracle.offset_for_time(ts), ts
+    assert lg.read(500, max_records=3) and \
+        [rec_tuple(r) for r in lg.read(500, max_records=3)] == \
+        [rec_tuple(r) for r in oracle.read(500, max_records=3)]
+    # Appends continue after the adopted segment (it is the active one).
+    for target in (lg, oracle):
+        target.append_batch([b"after"], [b"k2"], timestamps_ms=[T0 + 2000])
+    assert lg.log_end_offset == 1002 and lg.verify() == []
+    assert lg.recovery_point >= 1001
+    expected = records(oracle)
+    store.close()
+
+    store = segstore.open(root, clock=Clock())  # clean reopen
+    lg = store.partition("t", 0)
+    assert records(lg) == expected and lg.verify() == []
+    store.close()
+    store = crash_reopen(root)  # unclean reopen: recovery from scratch
+    lg = store.partition("t", 0)
+    assert records(lg) == expected and lg.verify() == []
+    assert lg.offset_for_time(T0 + 500).offset == 501
+    store.close()
+
+
+def test_adopt_into_empty_log_replaces_the_empty_segment(tmp_path, oracle):
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    lg = store.partition("t", 0)
+    data = encode(300)
+    lg.adopt_segment_file(stage(root, data))
+    oracle.append_records(data)
+    assert [s.base_offset for s in lg.segments] == [0]
+    assert sorted(os.listdir(lg.directory)) == sorted(
+        n for n in os.listdir(lg.directory) if not n.endswith(".cleaned"))
+    # Two more adoptions in a row, an append between: one segment per adoption.
+    for i, d in enumerate((encode(200, 300), encode(5, 500))):
+        lg.adopt_segment_file(stage(root, d, f"{i}.stage"))
+        oracle.append_records(d)
+        lg.append(b"x%d" % i, timestamp_ms=T0 + 10_000)
+        oracle.append(b"x%d" % i, timestamp_ms=T0 + 10_000)
+    assert [s.base_offset for s in lg.segments] == [0, 300, 501]
+    assert lg.log_end_offset == 507 and lg.verify() == []
+    assert records(lg) == records(oracle) and columns(lg) == columns(oracle)
+    store.close()
+    store = crash_reopen(root)
+    assert records(store.partition("t", 0)) == records(oracle)
+    store.close()
+
+
+def test_truncating_an_adopted_segment(tmp_path):
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    lg = store.partition("t", 0)
+    lg.append(b"a")
+    lg.adopt_segment_file(stage(root, encode(100)))
+    lg.truncate_to(1)  # the Spark commit rollback
+    assert lg.log_end_offset == 1 and lg.verify() == []
+    lg.adopt_segment_file(stage(root, encode(100)))
+    lg.truncate_to(50)
+    assert lg.log_end_offset == 1 and lg.verify() == []  # the whole batch holding 50 goes
+    lg.append(b"b")
+    store.close()
+    store = crash_reopen(root)
+    assert [r[4] for r in records(store.partition("t", 0))] == [b"a", b"b"]
+    store.close()
+
+
+def test_bad_input_raises_typed_errors_and_changes_nothing(tmp_path):
+    root = str(tmp_path / "s")
+    store = open_store(root, max_message_bytes=20_000)
+    lg = store.partition("t", 0)
+    lg.append(b"a")
+    before = records(lg)
+    data = bytearray(encode(300))
+    bad = bytearray(data)
+    bad[200] ^= 0xFF  # inside the first batch's records
+    with pytest.raises(CorruptRecordError):
+        lg.adopt_segment_file(stage(root, bad))
+    with pytest.raises(CorruptRecordError):  # cut in the middle of a batch
+        lg.adopt_segment_file(stage(root, data[:-10]))
+    with pytest.raises(InvalidRecordError):
+        lg.adopt_segment_file(stage(root, b""))
+    # A magic 1 message (legacy) is not v2.
+    legacy = bytearray(struct.pack(">qiIbbqi", 0, 4 + 1 + 1 + 8 + 4 + 4, 0, 1, 0, T0, -1)
+                       + struct.pack(">i", 1) + b"z")
+    struct.pack_into(">i", legacy, 8, len(legacy) - 12)
+    import zlib
+    struct.pack_into(">I", legacy, 12, zlib.crc32(bytes(legacy[16:])))
+    with pytest.raises(InvalidRecordError):
+        lg.adopt_segment_file(stage(root, bytes(legacy)))
+    # A batch larger than max.message.bytes.
+    with pytest.raises(RecordTooLargeError):
+        lg.adopt_segment_file(stage(root, encode(300, per_batch=300, value_size=100)))
+    assert records(lg) == before and lg.log_end_offset == 1 and lg.verify() == []
+    assert [s.base_offset for s in lg.segments] == [0]
+    assert not [n for n in os.listdir(lg.directory) if n.endswith(".cleaned")]
+    fix_crc(bad)  # a valid batch again: adoption works after the failures
+    lg.adopt_segment_file(stage(root, bytes(bad)))
+    assert lg.log_end_offset == 301 and lg.verify() == []
+    store.close()
+
+
+def test_files_adoption_does_not_apply_to_are_appended(tmp_path, oracle):
+    root = str(tmp_path / "s")
+    # Larger than segment.bytes: appended (rolled as appends roll), and the file is consumed.
+    store = open_store(root, segment_bytes=20_000)
+    lg = store.partition("t", 0)
+    data = encode(1000)
+    assert len(data) > 20_000
+    path = stage(root, data)
+    info = lg.adopt_segment_file(path)
+    oracle.append_records(data)
+    assert not os.path.exists(path)
+    assert (info.first_offset, info.last_offset, info.num_records) == (0, 999, 1000)
+    assert len(lg.segments) > 2 and lg.verify() == []
+    assert records(lg) == records(oracle)
+    store.close()
+    # LogAppendTime: the batches are stamped (new CRCs), so they are appended.
+    clock = Clock(T0 + 77)
+    store = segstore.open(str(tmp_path / "lat"), clock=clock)
+    store.create_topic("t", 1, config={"message.timestamp.type": "LogAppendTime"})
+    lg = store.partition("t", 0)
+    lg.adopt_segment_file(stage(str(tmp_path / "lat"), encode(10)))
+    assert {r.timestamp for r in lg.iter_records()} == {T0 + 77}
+    assert {r.timestamp_type for r in lg.iter_records()} == {1}
+    store.close()
+
+
+def _txn_data():
+    """A transaction of producer 7 (two batches) and its ABORT, then plain data."""
+    out = bytearray()
+    out += _core.encode_batch([b"t1", b"t2"], None, None, T0, base_offset=0, producer_id=7,
+                              producer_epoch=1, base_sequence=0, is_transactional=True)
+    out += _core.encode_batch([b"t3"], None, None, T0, base_offset=0, producer_id=7,
+                              producer_epoch=1, base_sequence=2, is_transactional=True)
+    out += _core.encode_control_batch(0, producer_id=7, producer_epoch=1, coordinator_epoch=3,
+                                      base_offset=0, timestamp_ms=T0)  # 0 = ABORT
+    out += _core.encode_batch([b"p"], None, None, T0, base_offset=0)
+    return bytes(out)
+
+
+def test_producer_state_and_aborted_transactions(tmp_path, oracle):
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    lg = store.partition("t", 0)
+    for target in (lg, oracle):
+        target.append(b"a")
+    data = _txn_data()
+    lg.adopt_segment_file(stage(root, data))
+    oracle.append_records(data)
+    assert lg.log_end_offset == oracle.log_end_offset == 6
+    assert lg.active_producers() == oracle.active_producers()
+    assert lg.producer_state.snapshot_bytes() == oracle.producer_state.snapshot_bytes()
+    assert lg.segments[-1].collect_aborted(0, 10) == oracle.segments[-1].collect_aborted(0, 10)
+    assert lg.segments[-1].collect_aborted(0, 10)  # the abort was indexed in the new segment
+    assert lg.last_stable_offset == 6 and lg.verify() == []
+    # An older producer epoch is fenced: nothing is adopted.
+    fenced = _core.encode_batch([b"old"], None, None, T0, base_offset=0, producer_id=7,
+                                producer_epoch=0, base_sequence=0)
+    with pytest.raises(InvalidRecordError):
+        lg.adopt_segment_file(stage(root, bytes(fenced)))
+    assert lg.log_end_offset == 6 and lg.verify() == []
+    store.close()
+    store = crash_reopen(root)
+    lg = store.partition("t", 0)
+    assert lg.active_producers() == oracle.active_producers()
+    assert lg.segments[-1].collect_aborted(0, 10) == oracle.segments[-1].collect_aborted(0, 10)
+    store.close()
+
+
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("active_empty", [False, True])
+def test_error_at_each_step_leaves_a_consistent_log(tmp_path, monkeypatch, step, active_empty):
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    lg = store.partition("t", 0)
+    if not active_empty:
+        lg.append(b"a")
+    before = records(lg)
+    n0 = lg.log_end_offset
+
+    def hook(name):
+        if name == step:
+            raise RuntimeError(f"crash at {name}")
+    monkeypatch.setattr(adopt, "adopt_hook", hook)
+    with pytest.raises(RuntimeError):
+        lg.adopt_segment_file(stage(root, encode(100)))
+    monkeypatch.setattr(adopt, "adopt_hook", None)
+    assert lg.verify() == []
+    adopted = lg.log_end_offset == n0 + 100
+    assert adopted == (step in ("renamed", "published")), step
+    assert lg.log_end_offset in (n0, n0 + 100)
+    assert records(lg)[:len(before)] == before
+    assert not [n for n in os.listdir(lg.directory) if n.endswith(".cleaned")]
+    lg.append(b"z")  # the log goes on
+    lg.adopt_segment_file(stage(root, encode(10), "g.stage"))
+    expected = records(lg)
+    assert lg.verify() == []
+    store.close()
+    for reopen in (lambda: segstore.open(root, clock=Clock()), lambda: crash_reopen(root)):
+        store = reopen()
+        lg = store.partition("t", 0)
+        assert records(lg) == expected and lg.verify() == []
+        store.close()
+
+
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("active_empty", [False, True])
+def test_crash_at_each_step_leaves_nothing_or_a_whole_segment(tmp_path, monkeypatch, step,
+                                                              active_empty):
+    """The store directory as it is on disk right after ``step`` (a copy taken then), opened
+    after an unclean shutdown."""
+    root = str(tmp_path / "s")
+    copy = str(tmp_path / "crashed")
+    store = open_store(root)
+    lg = store.partition("t", 0)
+    if not active_empty:
+        lg.append_batch([b"a", b"b"])
+    before = records(lg)
+    n0 = lg.log_end_offset
+    data = encode(100)
+
+    def hook(name):
+        if name == step:
+            shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".lock"))
+    monkeypatch.setattr(adopt, "adopt_hook", hook)
+    lg.adopt_segment_file(stage(root, data))
+    full = records(lg)
+    store.close()
+
+    store = crash_reopen(copy)
+    lg = store.partition("t", 0)
+    assert lg.verify() == []
+    got = records(lg)
+    assert got in (before, full), (step, len(got))
+    if step in ("renamed", "published"):
+        assert got == full
+    assert not [n for n in os.listdir(lg.directory) if n.endswith(".cleaned")]
+    assert lg.log_end_offset == len(got)  # offsets from 0, no gap
+    lg.append(b"more")
+    assert lg.log_end_offset == len(got) + 1
+    assert lg.verify() == []
+    store.close()
