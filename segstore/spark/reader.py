@@ -57,16 +57,11 @@ def to_spark_batch(cols, include_headers: bool):
     source returns them.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from .schema import arrow_schema
 
-    batch = cols.to_arrow(spark=True)
-    arrays = batch.columns[:7]
-    if include_headers:
-        h = batch.column(7)
-        empty = pc.equal(pc.list_value_length(h), 0)
-        arrays.append(pa.ListArray.from_arrays(h.offsets, h.values, mask=empty))
+    batch = cols.to_arrow(spark=True)    # headers already null where a record has none
+    arrays = batch.columns[:8] if include_headers else batch.columns[:7]
     # from_arrays with the schema checks every type and sets Spark's exact field metadata.
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(include_headers))
 
