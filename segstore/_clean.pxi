@@ -377,7 +377,8 @@ cdef inline bint _in_aborted(const int64_t* ab, Py_ssize_t n, const BatchHeader*
 
 
 cdef inline int _record_fields(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
-                               RecordView* r, Py_ssize_t* ts_end) noexcept nogil:
+                               RecordView* r, Py_ssize_t* ts_end,
+                               bint need_value=True) noexcept nogil:
     """Deltas, key and value length of one record, jumping over the value and headers.
 
     Every read is bounded by the record's end and the record by ``end``; the cleaner trusts
@@ -411,6 +412,9 @@ cdef inline int _record_fields(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end
     if r.key_len > rec_end - p:
         return ST_TRUNCATED
     r.key_pos = p
+    pos[0] = rec_end
+    if not need_value:   # map building: the key is all it needs
+        return ST_OK
     if r.key_len > 0:
         p += r.key_len
     st = read_varint_fast(b, &p, rec_end, &r.value_len)
@@ -452,7 +456,7 @@ cdef int _map_records(MapCore* m, MapBuild* mb, const BatchHeader* h, const uint
             if full_parse:
                 st = parse_record(b, &pos, end, &r)
             else:
-                st = _record_fields(b, &pos, end, &r, &ts_end)
+                st = _record_fields(b, &pos, end, &r, &ts_end, False)
             if st != ST_OK:
                 mb.messages_read += read
                 return st
