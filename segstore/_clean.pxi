@@ -354,6 +354,7 @@ cdef class OffsetMap:
 # ---------------------------------------------------------------------------------------------
 
 cdef struct MapBuild:
+    bint validate_crc          # check each batch's CRC just before mapping it (while hot)
     int64_t start_offset
     int64_t end_offset         # records at or beyond it are not mapped
     int64_t max_desired
@@ -522,6 +523,8 @@ cdef int _map_run(MapCore* m, MapBuild* mb, const uint8_t* b, Py_ssize_t* pos,
             return st
         if h.magic < 2 or (h.attributes & ATTR_CODEC) != 0:
             return ST_NEED_PYTHON
+        if mb.validate_crc and crc32c_c(b + pos[0] + 21, h.size - 21) != h.crc:
+            return ST_CRC
         st = _map_batch(m, mb, &h, b, pos[0] + V2_HEADER_C, pos[0] + h.size)
         if st != ST_OK:
             return st
@@ -532,7 +535,8 @@ cdef int _map_run(MapCore* m, MapBuild* mb, const uint8_t* b, Py_ssize_t* pos,
 
 
 def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int64_t start_offset,
-                     aborted=None, *, bint update_only=False, end_offset=None, file=None):
+                     aborted=None, *, bint update_only=False, end_offset=None,
+                     bint validate_crc=False, file=None):
     """Put the keys of the batches in ``buf[start:end]`` with offsets >= ``start_offset`` into
     the map (REF §6.5): control batches and aborted transactional data (``aborted``: int64
     array of rows producer id, first offset, last offset) are skipped; the map's latest offset
@@ -543,7 +547,9 @@ def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int6
     stopped: the next batch to map (before ``end`` when the map filled or the last batch of
     the range is incomplete). ``update_only`` (strategies only) updates existing entries
     whose stored value is smaller and inserts nothing; ``end_offset`` leaves records at or
-    beyond it unmapped.
+    beyond it unmapped. ``validate_crc`` checks each batch's CRC just before mapping it
+    (CorruptRecordError naming the batch); a cleaner then needs no second CRC pass over what it
+    mapped.
     """
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
@@ -559,6 +565,7 @@ def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int6
     mb.aborted = &abv[0] if abv.shape[0] else NULL
     mb.n_aborted = ab.shape[0]
     mb.update_only = update_only
+    mb.validate_crc = validate_crc and _crc_fn != NULL
     mb.sk = omap._skey()
     omap._dirty = True
     cdef Py_ssize_t pos = start
@@ -576,6 +583,8 @@ def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int6
         if h.magic < 2:
             _map_legacy(omap, &mb, buf, pos, h.size, file)
         else:
+            if validate_crc and not (_crc_v2_at(b, &h) == 1 or _crc_ok(memoryview(buf), &h)):
+                _raise_status(ST_CRC, pos, file)
             try:
                 payload = _compression.decompress(
                     h.attributes & ATTR_CODEC, memoryview(buf)[pos + V2_HEADER_C:pos + h.size])

@@ -211,6 +211,7 @@ def build_offset_map(
     *,
     update_only: bool = False,
     end_offset: Optional[int] = None,
+    validate_crc: bool = False,
     file: Optional[str] = None,
 ) -> tuple[bool, int, int, int]:
     """Map the keys of buf[start:end] (REF §6.5); returns (full, stop position, messages, bytes)."""

@@ -6,7 +6,10 @@ from __future__ import annotations
 import random
 import threading
 
+import pytest
+
 import segstore
+from segstore.errors import CorruptRecordError
 from conftest import FakeClock
 
 
@@ -55,4 +58,44 @@ def test_concurrent_on_demand_compactions_do_not_share_a_map(tmp_path):
         assert after == written[p]
         assert len(list(lg.iter_records())) == len(written[p])
         assert lg.verify() == []
+    store.close()
+
+
+def _corrupt_store(tmp_path, which):
+    clock = FakeClock(1_700_000_000_000)
+    store = segstore.open(str(tmp_path / "s"), clock=clock)
+    store.create_topic("t", 1, {"cleanup.policy": "compact", "segment.bytes": 1 << 20})
+    lg = store.partition("t", 0)
+    for b in range(100):
+        lg.append_batch([b"v%d" % b + b"x" * 300] * 30, keys=[b"k%d" % i for i in range(30)])
+    lg.roll()
+    if which == "clean":            # clean the first segments, then add dirty data after them
+        store.compact("t", 0, force=True)
+        for b in range(100):
+            lg.append_batch([b"w%d" % b + b"y" * 300] * 30, keys=[b"k%d" % i for i in range(30)])
+        lg.roll()
+    seg = lg.segments[0]
+    before = [s.base_offset for s in lg.segments]
+    files = sorted(p.name for p in (tmp_path / "s" / "t-0").iterdir())
+    with open(seg.log_path, "r+b") as f:   # a value byte of the first batch's last record
+        f.seek(seg.scan(0).batches["size"][0] - 5)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x55]))
+    return store, lg, seg, before, files
+
+
+@pytest.mark.parametrize("which", ["dirty", "clean"])
+def test_a_corrupt_batch_fails_the_round_and_changes_nothing(tmp_path, which):
+    """A CRC mismatch in the dirty section (caught while mapping) or in the clean section
+    (caught while filtering) raises CorruptRecordError naming the file and batch; nothing is
+    swapped, no .cleaned file stays, and the partition is quarantined."""
+    store, lg, seg, before, files = _corrupt_store(tmp_path, which)
+    with pytest.raises(CorruptRecordError) as e:
+        store.compact("t", 0, force=True)
+    assert e.value.file == seg.log_path and e.value.position == 0
+    assert sorted(p.name for p in (tmp_path / "s" / "t-0").iterdir()) == files
+    assert [s.base_offset for s in lg.segments] == before
+    assert store.metrics()["uncleanable-partitions-count"] == 1
+    assert store.compact("t", 0) == []          # quarantined: skipped unless forced
     store.close()

@@ -117,6 +117,7 @@ class Cleaner:
         self.clock = clock
         self.check_done = check_done or (lambda tp: None)
         self._out = bytearray(self.chunk_size + (self.chunk_size >> 3))
+        self._crc_checked: set = set()
 
     # -- a round ----------------------------------------------------------------------------
     def clean(self, ltc: LogToClean, now: Optional[int] = None) -> tuple:
@@ -171,6 +172,7 @@ class Cleaner:
         """Map keys of [start, end) to their latest offsets, stopping when the map is full."""
         omap = self.offset_map
         omap.clear()
+        self._crc_checked = set()   # ids of segments whose every batch CRC the map build checked
         tp = lg.topic_partition
         dirty = segments_in_range(lg.segments, start, end)
         aborted = _aborted_array(collect_aborted_transactions(lg.segments, start, end))
@@ -207,11 +209,14 @@ class Cleaner:
         mm = seg.buffer(size)
         pos = seg.offset_index.lookup(start)[1] if start > seg.base_offset else 0
         pos = min(pos, size)
+        # CRCs are checked while mapping; a segment mapped whole needs no second CRC pass
+        # when it is filtered (the bytes cannot change: sealed segments are immutable).
+        whole = pos == 0 and not update_only
         while pos < size:
             end = min(pos + self.chunk_size, size)
             full, stop, msgs, nbytes = _core.build_offset_map(
                 self.offset_map, mm, pos, end, start, aborted, update_only=update_only,
-                end_offset=end_offset, file=seg.log_path)
+                end_offset=end_offset, validate_crc=not update_only, file=seg.log_path)
             stats.map_messages_read += msgs
             stats.map_bytes_read += nbytes
             self.throttler.maybe_throttle(nbytes)
@@ -222,7 +227,7 @@ class Cleaner:
                 stop = self._next_batch_end(seg, mm, pos, size)
                 full, stop2, msgs, nbytes = _core.build_offset_map(
                     self.offset_map, mm, pos, stop, start, aborted, update_only=update_only,
-                    end_offset=end_offset, file=seg.log_path)
+                    end_offset=end_offset, validate_crc=not update_only, file=seg.log_path)
                 stats.map_messages_read += msgs
                 stats.map_bytes_read += nbytes
                 if full:
@@ -230,6 +235,8 @@ class Cleaner:
                 stop = stop2
             _release(mm, pos, stop)
             pos = stop
+        if whole and _core.crc32c_without_gil():
+            self._crc_checked.add(id(seg))
         return False
 
     def _wanted_buffer(self, lg, dirty, start: int, end: int) -> int:
@@ -317,14 +324,16 @@ class Cleaner:
         mm = source.buffer(size)
         out = self._out
         pos = 0
+        # Every batch's CRC is checked before any of its bytes is trusted or copied: here, or
+        # already while the offset map was built over this segment.
+        crc = id(source) not in self._crc_checked
         while pos < size:
             self.check_done(tp)
             end = min(pos + self.chunk_size, size)
-            # Every batch's CRC is checked before any of its bytes is trusted or copied.
-            sr = _core.scan_batches(mm, pos, end, validate_crc=True, file=source.log_path)
+            sr = _core.scan_batches(mm, pos, end, validate_crc=crc, file=source.log_path)
             if len(sr.batches) == 0:
                 end = self._next_batch_end(source, mm, pos, size)
-                sr = _core.scan_batches(mm, pos, end, validate_crc=True, file=source.log_path)
+                sr = _core.scan_batches(mm, pos, end, validate_crc=crc, file=source.log_path)
             end = sr.valid_end
             self.throttler.maybe_throttle(end - pos)
             op = 0
