@@ -7,24 +7,25 @@ offset) that a writer replaces in one assignment after each change (copy-on-writ
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
-from typing import Iterator, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from . import _core
 from .checkpoint import fsync_dir
-from .columns import BinaryColumn, RecordColumns
+from .columns import BinaryColumn
 from .compression import codec_id
 from .errors import (CleaningAbortedError, InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
                      ReadOnlyStoreError, RecordTooLargeError, StoreClosedError)
 from .loader import load_segments
 from .producer_state import ProducerStateManager, load_producer_state, stamp_log_append_time
-from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
-                      OffsetAndTimestamp, RecordMetadata, TopicPartition)
-from .segment import DELETED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment
+from .records import RecordMetadata, TopicPartition
+from .log_follower import ReadOnlyFollower
+from .log_reads import LogReads
+from .log_state import LogState as _State
+from .segment import DELETED_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment
 
 
 class AppendInfo(NamedTuple):
@@ -37,13 +38,9 @@ class AppendInfo(NamedTuple):
     size_bytes: int
 
 
-class _State(NamedTuple):
-    segments: tuple
-    log_start_offset: int
-    log_end_offset: int
 
 
-class PartitionLog:
+class PartitionLog(LogReads, ReadOnlyFollower):
     """The log of one topic partition in ``directory`` (``<topic>-<partition>``).
 
     Created by :class:`segstore.store.LogStore`; ``config`` is the topic's TopicConfig,
@@ -429,149 +426,6 @@ class PartitionLog:
         with self._lock:
             self._maybe_flush_locked(self.clock() if now_ms is None else now_ms)
 
-    # -- reading ----------------------------------------------------------------------------
-    def _check_read_offset(self, offset: int, st: _State) -> None:
-        if not isinstance(offset, (int, np.integer)) or isinstance(offset, bool):
-            raise TypeError(f"offset must be an int, not {type(offset).__name__}")
-        if offset < st.log_start_offset or offset > st.log_end_offset:
-            raise OffsetOutOfRangeError(
-                f"offset {offset} is out of range for {self.topic}-{self.partition}: log start "
-                f"offset {st.log_start_offset}, log end offset {st.log_end_offset}")
-
-    def _segments_from(self, st: _State, offset: int):
-        segs = st.segments
-        bases = [s.base_offset for s in segs]
-        import bisect
-        i = max(bisect.bisect_right(bases, offset) - 1, 0)
-        return segs[i:]
-
-    def read(self, offset: int, max_records: Optional[int] = None,
-             max_bytes: int = 1 << 20) -> list[ConsumerRecord]:
-        """Records from ``offset`` on, at most ``max_bytes`` of batches (at least one batch)
-        and ``max_records`` records; [] at the log end. Kafka's out-of-range rules apply."""
-        self._check_open()
-        self._refresh()
-        st = self._state
-        self._check_read_offset(offset, st)
-        if offset == st.log_end_offset or max_records == 0:
-            return []
-        out: list = []
-        budget = max_bytes
-        for seg in self._segments_from(st, offset):
-            rng = seg.read_range(offset, budget, min_one_message=not out)
-            if rng is None:
-                continue
-            buf, start, end = rng
-            recs = _core.decode_records(
-                buf, start, end, min_offset=offset, end_offset=st.log_end_offset,
-                max_records=None if max_records is None else max_records - len(out),
-                topic=self.topic, partition=self.partition, file=seg.log_path, strict=True)
-            out.extend(recs)
-            budget -= end - start
-            if budget <= 0 or (max_records is not None and len(out) >= max_records):
-                break
-            if recs:
-                offset = recs[-1].offset + 1
-        return out
-
-    def read_columns(self, offset: Optional[int] = None, end_offset: Optional[int] = None,
-                     max_records: Optional[int] = None,
-                     include_headers: bool = False) -> RecordColumns:
-        """Records in [offset, end_offset) as numpy columns, one compiled pass per segment."""
-        self._check_open()
-        self._refresh()
-        st = self._state
-        offset = st.log_start_offset if offset is None else offset
-        self._check_read_offset(offset, st)
-        end = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
-        sources = []
-        for seg in self._segments_from(st, offset):
-            if seg.base_offset >= end:
-                break
-            start = 0
-            if not sources:
-                first = seg.translate_offset(offset)
-                if first is None:
-                    continue
-                start = int(first["position"])
-            size = seg.size  # read once: appends may grow it meanwhile
-            if size > start:
-                buf = seg.buffer(size)
-                # Pages of a shared file mapping can be dropped once decoded (see _core).
-                sources.append((buf, start, size, seg.log_path, isinstance(buf, mmap.mmap)))
-        # One compiled decode over every segment, straight into one set of arrays.
-        return _core.decode_columns_multi(sources, min_offset=offset, end_offset=end,
-                                          max_records=max_records,
-                                          include_headers=include_headers, topic=self.topic,
-                                          partition=self.partition, strict=True)
-
-    def iter_records(self, start_offset: Optional[int] = None,
-                     end_offset: Optional[int] = None) -> Iterator[ConsumerRecord]:
-        """Every record in [start_offset, end_offset), batch by batch."""
-        offset = self.log_start_offset if start_offset is None else start_offset
-        end = self.log_end_offset if end_offset is None else end_offset
-        while offset < end:
-            recs = self.read(offset, max_bytes=1 << 20)
-            if not recs:
-                return
-            for r in recs:
-                if r.offset >= end:
-                    return
-                yield r
-            offset = recs[-1].offset + 1
-
-    def offset_for_time(self, timestamp_ms: int) -> Optional[OffsetAndTimestamp]:
-        """Kafka's ListOffsets for one partition (REF §3.7), including -1, -2 and -3."""
-        self._check_open()
-        self._refresh()
-        st = self._state
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return OffsetAndTimestamp(st.log_start_offset, -1, None)
-        if timestamp_ms == LATEST_TIMESTAMP:
-            return OffsetAndTimestamp(st.log_end_offset, -1, None)
-        if timestamp_ms == MAX_TIMESTAMP:
-            return self._max_timestamp_offset(st)
-        if timestamp_ms < 0:
-            raise InvalidOffsetError(f"unsupported timestamp {timestamp_ms}")
-        for seg in st.segments:
-            if seg.size == 0 or seg.largest_timestamp < timestamp_ms:
-                continue
-            entry_ts, off = seg.time_index.lookup(timestamp_ms)
-            if entry_ts >= 0:
-                # An entry names the batch holding its max timestamp; if the log disagrees the
-                # index is damaged: scan the segment from its start instead of trusting it.
-                b = seg.translate_offset(off)
-                if b is None or int(b["max_timestamp"]) != entry_ts:
-                    off = seg.base_offset
-            start = max(off, st.log_start_offset)
-            first = seg.translate_offset(start)
-            if first is None:
-                continue
-            b = seg.scan(int(first["position"])).batches
-            for row in b[b["max_timestamp"] >= timestamp_ms]:
-                for r in _core.decode_records(seg.buffer(), int(row["position"]),
-                                              int(row["position"] + row["size"]),
-                                              min_offset=st.log_start_offset):
-                    if r.timestamp >= timestamp_ms:
-                        return OffsetAndTimestamp(r.offset, r.timestamp, None)
-        return None
-
-    def _max_timestamp_offset(self, st: _State) -> Optional[OffsetAndTimestamp]:
-        best = None
-        for seg in st.segments:
-            if seg.size and (best is None or seg.max_timestamp_so_far > best.max_timestamp_so_far):
-                best = seg
-        if best is None:
-            return None
-        ts = best.max_timestamp_so_far
-        b = best.scan().batches
-        for row in b[b["max_timestamp"] == ts]:
-            for r in _core.decode_records(best.buffer(), int(row["position"]),
-                                          int(row["position"] + row["size"])):
-                if r.timestamp == ts:
-                    return OffsetAndTimestamp(r.offset, ts, None)
-        return OffsetAndTimestamp(int(b[b["max_timestamp"] == ts]["last_offset"][0]), ts, None)
-
     # -- truncation and deletion ------------------------------------------------------------
     def truncate_to(self, offset: int) -> None:
         """Remove every record at or above ``offset`` (the whole batch holding it)."""
@@ -721,64 +575,6 @@ class PartitionLog:
                 s.close()
             self._closed = True
 
-    # -- read-only mode ---------------------------------------------------------------------
-    def _refresh(self) -> None:
-        """Read-only logs re-list the directory: new segments, vanished ones, the tail."""
-        if not self.readonly or self._closed:
-            return
-        with self._lock:
-            try:
-                names = os.listdir(self.directory)
-            except FileNotFoundError:
-                names = []
-            bases = sorted(int(n[:20]) for n in names
-                           if n.endswith(LOG_SUFFIX) and len(n) == 24 and n[:20].isdigit())
-            prev = self._state.segments
-            old = {s.base_offset: s for s in prev}
-            # When the listing is unchanged only the tail can have changed; otherwise (a roll,
-            # a deletion, a truncation) every segment is checked for a replaced file.
-            same_listing = [s.base_offset for s in prev] == bases
-            segs = []
-            for i, b in enumerate(bases):
-                s = old.get(b)
-                check = s is not None and (not same_listing or i == len(bases) - 1)
-                if check and _replaced(s):
-                    s.close()  # truncated by the writer: a new file took the old one's name
-                    s = None
-                if s is None:
-                    try:
-                        s = LogSegment(self.directory, b, self.config, self.clock, readonly=True)
-                    except FileNotFoundError:
-                        continue  # deleted while we listed it
-                    s._ro_scan = (0, 0, None)  # (file length seen, valid end, next offset)
-                segs.append(s)
-            if not segs:
-                self._state = _State((), self._ro_start, self._ro_start)
-                return
-            # Sealed segments are whole files; the last one ends at its last CRC-valid batch.
-            if not same_listing:
-                for s in segs[:-1]:
-                    s.size = os.fstat(s._fd).st_size  # held open: safe if deleted meanwhile
-            tail = segs[-1]
-            length = os.fstat(tail._fd).st_size
-            seen, valid_end, next_offset = tail._ro_scan
-            if length != seen:
-                # Only the bytes added since the last look are scanned (CRC-checked).
-                res = _core.scan_batches(tail.buffer(length), valid_end, length,
-                                         validate_crc=True, raise_on_corrupt=False)
-                b = res.batches
-                valid_end = res.valid_end
-                if len(b):
-                    next_offset = int(b["last_offset"][-1]) + 1
-                tail._ro_scan = (length, valid_end, next_offset)
-            tail.size = valid_end
-            leo = next_offset if next_offset is not None else tail.base_offset
-            if len(segs) > 1 and next_offset is None:
-                leo = max(leo, segs[-2].read_next_offset())
-            start = max(self._ro_start, segs[0].base_offset)
-            self._state = _State(tuple(segs), min(start, leo), leo)
-
-
 # Tests set this to a callable(step, base_offset) to crash a swap at each step.
 swap_hook = None
 
@@ -787,10 +583,3 @@ def _swap_step(step: str, base_offset: int) -> None:
     if swap_hook is not None:
         swap_hook(step, base_offset)
 
-
-def _replaced(seg: LogSegment) -> bool:
-    """True when the segment's path now names another file than the one held open."""
-    try:
-        return os.stat(seg.log_path).st_ino != seg._inode
-    except (FileNotFoundError, OSError):
-        return True

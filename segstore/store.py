@@ -31,7 +31,7 @@ from .config import StoreConfig, TopicConfig
 from .errors import (InvalidTopicError, ReadOnlyStoreError, StoreClosedError, StoreLockedError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .log import PartitionLog
-from .records import OffsetAndTimestamp, RecordMetadata, TopicPartition
+from .records import RecordMetadata, TopicPartition
 from .cleaner import CleanerStats, LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 
@@ -268,7 +268,7 @@ class LogStore:
     def _reload_readonly(self) -> None:
         # Pick up topics created since; logs already handed out stay open and usable.
         with self._lock:
-            old_topics, old_logs = dict(self._topics), dict(self._logs)
+            old_logs = dict(self._logs)
             self._topics, self._logs = {}, {}
             self._load(clean_shutdown=True, reuse=old_logs)
             for tp, lg in old_logs.items():

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _core
 from ..compression import decompress
-from ..errors import CleaningAbortedError, CorruptRecordError
+from ..errors import CorruptRecordError
 from ..records import ControlRecordType
 from ..segment import CLEANED_SUFFIX, LogSegment, segment_paths
 from .manager import LogToClean, segments_in_range

@@ -1,0 +1,83 @@
+"""Read-only logs following a live writer in another process (design §1.7).
+
+A mixin of :class:`segstore.log.PartitionLog`: a read-only log re-lists its directory before
+each read, picks up new and vanished segments, notices a file the writer replaced (truncation
+writes a new file under the old name), and ends at the last complete, CRC-valid batch of the
+active segment, scanning only the bytes added since its last look.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import _core
+from .log_state import LogState as _State
+from .segment import LOG_SUFFIX, LogSegment
+
+
+class ReadOnlyFollower:
+    """``_refresh``: the read-only log's view of the directory, brought up to date."""
+
+    def _refresh(self) -> None:
+        """Read-only logs re-list the directory: new segments, vanished ones, the tail."""
+        if not self.readonly or self._closed:
+            return
+        with self._lock:
+            try:
+                names = os.listdir(self.directory)
+            except FileNotFoundError:
+                names = []
+            bases = sorted(int(n[:20]) for n in names
+                           if n.endswith(LOG_SUFFIX) and len(n) == 24 and n[:20].isdigit())
+            prev = self._state.segments
+            old = {s.base_offset: s for s in prev}
+            # When the listing is unchanged only the tail can have changed; otherwise (a roll,
+            # a deletion, a truncation) every segment is checked for a replaced file.
+            same_listing = [s.base_offset for s in prev] == bases
+            segs = []
+            for i, b in enumerate(bases):
+                s = old.get(b)
+                check = s is not None and (not same_listing or i == len(bases) - 1)
+                if check and _replaced(s):
+                    s.close()  # truncated by the writer: a new file took the old one's name
+                    s = None
+                if s is None:
+                    try:
+                        s = LogSegment(self.directory, b, self.config, self.clock, readonly=True)
+                    except FileNotFoundError:
+                        continue  # deleted while we listed it
+                    s._ro_scan = (0, 0, None)  # (file length seen, valid end, next offset)
+                segs.append(s)
+            if not segs:
+                self._state = _State((), self._ro_start, self._ro_start)
+                return
+            # Sealed segments are whole files; the last one ends at its last CRC-valid batch.
+            if not same_listing:
+                for s in segs[:-1]:
+                    s.size = os.fstat(s._fd).st_size  # held open: safe if deleted meanwhile
+            tail = segs[-1]
+            length = os.fstat(tail._fd).st_size
+            seen, valid_end, next_offset = tail._ro_scan
+            if length != seen:
+                # Only the bytes added since the last look are scanned (CRC-checked).
+                res = _core.scan_batches(tail.buffer(length), valid_end, length,
+                                         validate_crc=True, raise_on_corrupt=False)
+                b = res.batches
+                valid_end = res.valid_end
+                if len(b):
+                    next_offset = int(b["last_offset"][-1]) + 1
+                tail._ro_scan = (length, valid_end, next_offset)
+            tail.size = valid_end
+            leo = next_offset if next_offset is not None else tail.base_offset
+            if len(segs) > 1 and next_offset is None:
+                leo = max(leo, segs[-2].read_next_offset())
+            start = max(self._ro_start, segs[0].base_offset)
+            self._state = _State(tuple(segs), min(start, leo), leo)
+
+
+def _replaced(seg: LogSegment) -> bool:
+    """True when the segment's path now names another file than the one held open."""
+    try:
+        return os.stat(seg.log_path).st_ino != seg._inode
+    except (FileNotFoundError, OSError):
+        return True

@@ -1,0 +1,166 @@
+"""Reading a PartitionLog: by offset, into columns, by time (Kafka's UnifiedLog.read and
+fetchOffsetByTimestamp, REF §3.6–§3.7).
+
+A mixin of :class:`segstore.log.PartitionLog`: it works only on the log's immutable snapshot
+(``self._state``, a LogState) and never takes the log's lock.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Iterator, Optional
+
+import numpy as np
+
+from . import _core
+from .columns import RecordColumns
+from .errors import InvalidOffsetError, OffsetOutOfRangeError
+from .log_state import LogState as _State
+from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
+                      OffsetAndTimestamp)
+
+
+class LogReads:
+    """read, read_columns, iter_records and offset_for_time over the log's snapshot."""
+
+    def _check_read_offset(self, offset: int, st: _State) -> None:
+        if not isinstance(offset, (int, np.integer)) or isinstance(offset, bool):
+            raise TypeError(f"offset must be an int, not {type(offset).__name__}")
+        if offset < st.log_start_offset or offset > st.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {self.topic}-{self.partition}: log start "
+                f"offset {st.log_start_offset}, log end offset {st.log_end_offset}")
+
+    def _segments_from(self, st: _State, offset: int):
+        segs = st.segments
+        bases = [s.base_offset for s in segs]
+        import bisect
+        i = max(bisect.bisect_right(bases, offset) - 1, 0)
+        return segs[i:]
+
+    def read(self, offset: int, max_records: Optional[int] = None,
+             max_bytes: int = 1 << 20) -> list[ConsumerRecord]:
+        """Records from ``offset`` on, at most ``max_bytes`` of batches (at least one batch)
+        and ``max_records`` records; [] at the log end. Kafka's out-of-range rules apply."""
+        self._check_open()
+        self._refresh()
+        st = self._state
+        self._check_read_offset(offset, st)
+        if offset == st.log_end_offset or max_records == 0:
+            return []
+        out: list = []
+        budget = max_bytes
+        for seg in self._segments_from(st, offset):
+            rng = seg.read_range(offset, budget, min_one_message=not out)
+            if rng is None:
+                continue
+            buf, start, end = rng
+            recs = _core.decode_records(
+                buf, start, end, min_offset=offset, end_offset=st.log_end_offset,
+                max_records=None if max_records is None else max_records - len(out),
+                topic=self.topic, partition=self.partition, file=seg.log_path, strict=True)
+            out.extend(recs)
+            budget -= end - start
+            if budget <= 0 or (max_records is not None and len(out) >= max_records):
+                break
+            if recs:
+                offset = recs[-1].offset + 1
+        return out
+
+    def read_columns(self, offset: Optional[int] = None, end_offset: Optional[int] = None,
+                     max_records: Optional[int] = None,
+                     include_headers: bool = False) -> RecordColumns:
+        """Records in [offset, end_offset) as numpy columns, one compiled pass per segment."""
+        self._check_open()
+        self._refresh()
+        st = self._state
+        offset = st.log_start_offset if offset is None else offset
+        self._check_read_offset(offset, st)
+        end = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
+        sources = []
+        for seg in self._segments_from(st, offset):
+            if seg.base_offset >= end:
+                break
+            start = 0
+            if not sources:
+                first = seg.translate_offset(offset)
+                if first is None:
+                    continue
+                start = int(first["position"])
+            size = seg.size  # read once: appends may grow it meanwhile
+            if size > start:
+                buf = seg.buffer(size)
+                # Pages of a shared file mapping can be dropped once decoded (see _core).
+                sources.append((buf, start, size, seg.log_path, isinstance(buf, mmap.mmap)))
+        # One compiled decode over every segment, straight into one set of arrays.
+        return _core.decode_columns_multi(sources, min_offset=offset, end_offset=end,
+                                          max_records=max_records,
+                                          include_headers=include_headers, topic=self.topic,
+                                          partition=self.partition, strict=True)
+
+    def iter_records(self, start_offset: Optional[int] = None,
+                     end_offset: Optional[int] = None) -> Iterator[ConsumerRecord]:
+        """Every record in [start_offset, end_offset), batch by batch."""
+        offset = self.log_start_offset if start_offset is None else start_offset
+        end = self.log_end_offset if end_offset is None else end_offset
+        while offset < end:
+            recs = self.read(offset, max_bytes=1 << 20)
+            if not recs:
+                return
+            for r in recs:
+                if r.offset >= end:
+                    return
+                yield r
+            offset = recs[-1].offset + 1
+
+    def offset_for_time(self, timestamp_ms: int) -> Optional[OffsetAndTimestamp]:
+        """Kafka's ListOffsets for one partition (REF §3.7), including -1, -2 and -3."""
+        self._check_open()
+        self._refresh()
+        st = self._state
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return OffsetAndTimestamp(st.log_start_offset, -1, None)
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return OffsetAndTimestamp(st.log_end_offset, -1, None)
+        if timestamp_ms == MAX_TIMESTAMP:
+            return self._max_timestamp_offset(st)
+        if timestamp_ms < 0:
+            raise InvalidOffsetError(f"unsupported timestamp {timestamp_ms}")
+        for seg in st.segments:
+            if seg.size == 0 or seg.largest_timestamp < timestamp_ms:
+                continue
+            entry_ts, off = seg.time_index.lookup(timestamp_ms)
+            if entry_ts >= 0:
+                # An entry names the batch holding its max timestamp; if the log disagrees the
+                # index is damaged: scan the segment from its start instead of trusting it.
+                b = seg.translate_offset(off)
+                if b is None or int(b["max_timestamp"]) != entry_ts:
+                    off = seg.base_offset
+            start = max(off, st.log_start_offset)
+            first = seg.translate_offset(start)
+            if first is None:
+                continue
+            b = seg.scan(int(first["position"])).batches
+            for row in b[b["max_timestamp"] >= timestamp_ms]:
+                for r in _core.decode_records(seg.buffer(), int(row["position"]),
+                                              int(row["position"] + row["size"]),
+                                              min_offset=st.log_start_offset):
+                    if r.timestamp >= timestamp_ms:
+                        return OffsetAndTimestamp(r.offset, r.timestamp, None)
+        return None
+
+    def _max_timestamp_offset(self, st: _State) -> Optional[OffsetAndTimestamp]:
+        best = None
+        for seg in st.segments:
+            if seg.size and (best is None or seg.max_timestamp_so_far > best.max_timestamp_so_far):
+                best = seg
+        if best is None:
+            return None
+        ts = best.max_timestamp_so_far
+        b = best.scan().batches
+        for row in b[b["max_timestamp"] == ts]:
+            for r in _core.decode_records(best.buffer(), int(row["position"]),
+                                          int(row["position"] + row["size"])):
+                if r.timestamp == ts:
+                    return OffsetAndTimestamp(r.offset, ts, None)
+        return OffsetAndTimestamp(int(b[b["max_timestamp"] == ts]["last_offset"][0]), ts, None)
