@@ -42,6 +42,12 @@ class LogReads:
              max_bytes: int = 1 << 20) -> list[ConsumerRecord]:
         """Records from ``offset`` on, at most ``max_bytes`` of batches (at least one batch)
         and ``max_records`` records; [] at the log end. Kafka's out-of-range rules apply."""
+        return self._read(offset, max_records, max_bytes, None)
+
+    def _read(self, offset: int, max_records: Optional[int], max_bytes: int,
+              end_offset: Optional[int]) -> list[ConsumerRecord]:
+        # ``end_offset``: no segment starting at or after it is read (so damage there cannot
+        # fail a read of what comes before).
         self._check_open()
         self._refresh()
         st = self._state
@@ -51,12 +57,15 @@ class LogReads:
         out: list = []
         budget = max_bytes
         for seg in self._segments_from(st, offset):
+            if end_offset is not None and seg.base_offset >= end_offset:
+                break
             rng = seg.read_range(offset, budget, min_one_message=not out)
             if rng is None:
                 continue
             buf, start, end = rng
+            last = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
             recs = _core.decode_records(
-                buf, start, end, min_offset=offset, end_offset=st.log_end_offset,
+                buf, start, end, min_offset=offset, end_offset=last,
                 max_records=None if max_records is None else max_records - len(out),
                 topic=self.topic, partition=self.partition, file=seg.log_path, strict=True)
             out.extend(recs)
@@ -104,7 +113,7 @@ class LogReads:
         offset = self.log_start_offset if start_offset is None else start_offset
         end = self.log_end_offset if end_offset is None else end_offset
         while offset < end:
-            recs = self.read(offset, max_bytes=1 << 20)
+            recs = self._read(offset, None, 1 << 20, end)
             if not recs:
                 return
             for r in recs:
