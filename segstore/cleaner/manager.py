@@ -57,61 +57,45 @@ def first_batch_timestamp(seg) -> int:
     return int(b["max_timestamp"][0]) if len(b) else -1
 
 
-def tombstones_awaiting_horizon(segments, now: int) -> tuple:
-    """(tombstones, the latest delete horizon) of batches whose KIP-534 delete horizon is still
-    ahead of ``now``: what the next cleaning after that horizon will remove."""
-    from .. import _core
-    count, latest = 0, -1
-    for seg in segments:
-        if seg.size == 0:
-            continue
-        b = seg.scan(0).batches
-        waiting = b[((b["attributes"] & 0x40) != 0) & (b["base_timestamp"] > now)
-                    & (b["magic"] == 2)]
-        if not len(waiting):
-            continue
-        buf = seg.buffer(seg.size)
-        for pos, size, horizon in zip(waiting["position"], waiting["size"],
-                                      waiting["base_timestamp"]):
-            cols = _core.decode_columns(buf, int(pos), int(pos + size), validate_crc=False)
-            count += int((~cols.values.valid).sum())
-            latest = max(latest, int(horizon))
-    return count, latest
-
-
 _HORIZONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _horizon_batches(seg) -> tuple:
+    """(delete horizon, tombstones, is control) of each of the segment's batches that carries a
+    KIP-534 delete horizon, cached per segment object and size (a sealed segment never changes;
+    cleaning makes new objects), so selection passes and ``describe`` read a segment once."""
+    from .. import _core
+    cached = _HORIZONS.get(seg)
+    if cached is not None and cached[0] == seg.size:
+        return cached[1]
+    rows = []
+    if seg.size:
+        b = seg.scan(0).batches
+        marked = b[((b["attributes"] & 0x40) != 0) & (b["magic"] == 2)]
+        buf = seg.buffer(seg.size) if len(marked) else None
+        for pos, size, attrs, horizon in zip(marked["position"], marked["size"],
+                                             marked["attributes"], marked["base_timestamp"]):
+            cols = _core.decode_columns(buf, int(pos), int(pos + size), validate_crc=False)
+            rows.append((int(horizon), int((~cols.values.valid).sum()), bool(attrs & 0x20)))
+    _HORIZONS[seg] = (seg.size, tuple(rows))
+    return _HORIZONS[seg][1]
 
 
 def earliest_delete_horizon(segments) -> Optional[int]:
     """Smallest KIP-534 delete horizon of a batch that still holds a tombstone or is a control
     batch, among the segments (None when there is none): when it passes, a cleaning would
-    remove something.
+    remove something."""
+    found = [h for seg in segments for h, tombstones, control in _horizon_batches(seg)
+             if tombstones or control]
+    return min(found) if found else None
 
-    Cached per segment object (sealed segments never change; cleaning makes new objects), so a
-    selection pass reads each sealed segment once.
-    """
-    from .. import _core
-    best = None
-    for seg in segments:
-        if seg not in _HORIZONS:
-            h = None
-            if seg.size:
-                b = seg.scan(0).batches
-                marked = b[((b["attributes"] & 0x40) != 0) & (b["magic"] == 2)]
-                buf = seg.buffer(seg.size) if len(marked) else None
-                for pos, size, attrs, horizon in zip(marked["position"], marked["size"],
-                                                     marked["attributes"],
-                                                     marked["base_timestamp"]):
-                    if h is not None and horizon >= h:
-                        continue
-                    if attrs & 0x20 or (~_core.decode_columns(
-                            buf, int(pos), int(pos + size), validate_crc=False).values.valid).any():
-                        h = int(horizon)
-            _HORIZONS[seg] = h
-        h = _HORIZONS[seg]
-        if h is not None and (best is None or h < best):
-            best = h
-    return best
+
+def tombstones_awaiting_horizon(segments, now: int) -> tuple:
+    """(tombstones, the latest delete horizon) of batches whose KIP-534 delete horizon is still
+    ahead of ``now``: what the next cleaning after that horizon will remove."""
+    waiting = [(h, tombstones) for seg in segments for h, tombstones, _ in _horizon_batches(seg)
+               if h > now]
+    return sum(t for _, t in waiting), max((h for h, _ in waiting), default=-1)
 
 
 @dataclass
@@ -143,6 +127,16 @@ class LogToClean:
     @property
     def need_compaction_now(self) -> bool:
         return self.compaction_delay_ms > 0
+
+    @property
+    def overdue(self) -> bool:
+        """Past ``max.compaction.lag.ms`` with something to clean."""
+        return self.need_compaction_now and self.cleanable_bytes > 0
+
+    @property
+    def eligible(self) -> bool:
+        """Kafka's rule: overdue, or dirty ratio strictly above ``min.cleanable.dirty.ratio``."""
+        return self.overdue or self.cleanable_ratio > self.log.config.min_cleanable_dirty_ratio
 
 
 class LogCleanerManager:
@@ -240,10 +234,12 @@ class LogCleanerManager:
         earliest = min(stamps)
         return clean_until - earliest if earliest < clean_until else 0
 
-    def log_to_clean(self, lg, checkpoint: Optional[int], now: int) -> LogToClean:
-        """Range, bytes, ratio and delay of one log (force-updating a bad checkpoint)."""
+    def log_to_clean(self, lg, checkpoint: Optional[int], now: int,
+                     update_checkpoint: bool = True) -> LogToClean:
+        """Range, bytes, ratio and delay of one log (force-updating a bad checkpoint unless
+        ``update_checkpoint`` is False)."""
         first_dirty, uncleanable, force = self.cleanable_offsets(lg, checkpoint, now)
-        if force:
+        if force and update_checkpoint:
             self.update_checkpoints(update=(lg.topic_partition, first_dirty))
         segs = lg.segments
         clean = sum(s.size for s in segments_in_range(segs, -1, first_dirty)
@@ -284,12 +280,9 @@ class LogCleanerManager:
                     candidates.append(ltc)
             self.dirtiest_ratio = max((c.cleanable_ratio for c in candidates), default=0.0)
             pre.max_dirty_ratio = self.dirtiest_ratio
-            overdue = sorted((c for c in candidates
-                              if c.need_compaction_now and c.cleanable_bytes > 0),
+            overdue = sorted((c for c in candidates if c.overdue),
                              key=lambda c: -c.compaction_delay_ms)
-            dirty = sorted((c for c in candidates
-                            if c.cleanable_ratio > c.log.config.min_cleanable_dirty_ratio
-                            and not (c.need_compaction_now and c.cleanable_bytes > 0)),
+            dirty = sorted((c for c in candidates if c.eligible and not c.overdue),
                            key=lambda c: -c.cleanable_ratio)
             # Beyond Kafka: a quiet log whose tombstones passed their delete horizon is cleaned
             # too, so they do not linger until new data makes it dirty again (KAFKA-8522).
@@ -323,8 +316,7 @@ class LogCleanerManager:
             if tp in self.uncleanable and not force:
                 return None            # quarantined after an error: only force retries it
             ltc = self.log_to_clean(lg, self.all_cleaner_checkpoints().get(tp), now)
-            eligible = ((ltc.need_compaction_now and ltc.cleanable_bytes > 0)
-                        or ltc.cleanable_ratio > lg.config.min_cleanable_dirty_ratio)
+            eligible = ltc.eligible
             if not (eligible and ltc.cleanable_bytes > 0) and not self._purge_due(ltc, now) \
                     and not (force and ltc.cleanable_bytes > 0):
                 return None
@@ -469,22 +461,18 @@ class LogCleanerManager:
         tp = TopicPartition(topic, partition)
         lg = self._logs()[tp]
         cfg = lg.config
-        first_dirty, unc, _ = self.cleanable_offsets(
-            lg, self.all_cleaner_checkpoints().get(tp), now)
-        segs = lg.segments
-        clean = sum(s.size for s in segments_in_range(segs, -1, first_dirty)
-                    if s.base_offset < first_dirty)
-        first_uncleanable, cleanable = self.cleanable_bytes(segs, first_dirty, unc)
-        delay = self.max_compaction_delay(lg, segs, first_dirty, now)
-        total = clean + cleanable
-        ratio = cleanable / total if total else 0.0
+        # A description never rewrites the checkpoint (a bad one is reset when cleaning).
+        ltc = self.log_to_clean(lg, self.all_cleaner_checkpoints().get(tp), now,
+                                update_checkpoint=False)
+        segs = ltc.log.segments
+        first_dirty, clean = ltc.first_dirty_offset, ltc.clean_bytes
+        cleanable, delay, ratio = ltc.cleanable_bytes, ltc.compaction_delay_ms, ltc.cleanable_ratio
+        overdue = ltc.overdue
         with self._lock:
             state = self._states.get(tp)
             unclean = tp in self.uncleanable
             why_unclean = self.uncleanable.get(tp, "")
-        overdue = delay > 0 and cleanable > 0
-        eligible = cfg.compact and not unclean and state is None and (
-            overdue or ratio > cfg.min_cleanable_dirty_ratio)
+        eligible = cfg.compact and not unclean and state is None and ltc.eligible
         if not cfg.compact:
             reason = f"cleanup.policy is {','.join(cfg.cleanup_policy) or 'empty'}, not compact"
         elif unclean:
@@ -507,7 +495,7 @@ class LogCleanerManager:
             "topic": topic, "partition": partition, "segments": len(segs),
             "size_bytes": sum(s.size for s in segs), "log_start_offset": lg.log_start_offset,
             "log_end_offset": lg.log_end_offset, "first_dirty_offset": first_dirty,
-            "first_uncleanable_offset": first_uncleanable, "clean_bytes": clean,
+            "first_uncleanable_offset": ltc.first_uncleanable_offset, "clean_bytes": clean,
             "cleanable_bytes": cleanable, "dirty_ratio": ratio,
             "min_cleanable_ratio": cfg.min_cleanable_dirty_ratio,
             "compaction_delay_ms": delay, "max_compaction_lag_ms": cfg.max_compaction_lag_ms,
