@@ -212,8 +212,10 @@ class Cleaner:
         # CRCs are checked while mapping; a segment mapped whole needs no second CRC pass
         # when it is filtered (the bytes cannot change: sealed segments are immutable).
         whole = pos == 0 and not update_only
+        end = None
         while pos < size:
-            end = min(pos + self.chunk_size, size)
+            if end is None:
+                end = min(pos + self.chunk_size, size)
             full, stop, msgs, nbytes = _core.build_offset_map(
                 self.offset_map, mm, pos, end, start, aborted, update_only=update_only,
                 end_offset=end_offset, validate_crc=not update_only, file=seg.log_path)
@@ -223,18 +225,11 @@ class Cleaner:
             if full:
                 _release(mm, pos, stop)
                 return True
-            if stop == pos:
-                stop = self._next_batch_end(seg, mm, pos, size)
-                full, stop2, msgs, nbytes = _core.build_offset_map(
-                    self.offset_map, mm, pos, stop, start, aborted, update_only=update_only,
-                    end_offset=end_offset, validate_crc=not update_only, file=seg.log_path)
-                stats.map_messages_read += msgs
-                stats.map_bytes_read += nbytes
-                if full:
-                    return True
-                stop = stop2
+            if stop == pos:  # not one whole batch in the chunk: read up to the next one's end
+                end = self._next_batch_end(seg, mm, pos, size)
+                continue
             _release(mm, pos, stop)
-            pos = stop
+            pos, end = stop, None
         if whole and _core.crc32c_without_gil():
             self._crc_checked.add(id(seg))
         return False
@@ -341,12 +336,8 @@ class Cleaner:
             while p < end:
                 code, p, op = filt.run(mm, p, end, out, op, file=source.log_path)
                 if code == _core.FILTER_OUTPUT_FULL:
-                    if op:
-                        self._append(dest, out, op)
-                        op = 0
-                    need = _core.BatchFilter.room_needed(mm, p)
-                    if len(out) < need:
-                        out = self._out = bytearray(need)
+                    op = self._room(dest, op, _core.BatchFilter.room_needed(mm, p))
+                    out = self._out
                 elif code == _core.FILTER_NEED_PYTHON:
                     op, p = self._filter_special(lg, source, dest, mm, p, filt, txn, producers,
                                                  retain_legacy, now, upper, op)
