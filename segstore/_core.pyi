@@ -45,6 +45,12 @@ def murmur2_partition(key: Buffer, num_partitions: int) -> int:
 def murmur2_partitions(keys: BinaryColumn, num_partitions: int) -> np.ndarray:
     """Vectorized murmur2_partition over a column (int32; -1 for null keys)."""
 
+def murmur3_128_digests(keys: BinaryColumn) -> np.ndarray:
+    """MurmurHash3 x64-128 digests (h1, h2 as uint64) of every non-null key, shape (k, 2)."""
+
+def distinct_digests(digests: np.ndarray) -> np.ndarray:
+    """The distinct rows of a (n, 2) uint64 digest array, sorted."""
+
 def murmur3_128(data: Buffer, seed: int = 0) -> bytes:
     """MurmurHash3 x64-128 digest (16 bytes), equal to ``mmh3.hash_bytes(data, seed)``."""
 

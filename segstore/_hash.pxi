@@ -188,6 +188,39 @@ def murmur2_partitions(keys, int num_partitions):
     return out
 
 
+def murmur3_128_digests(keys):
+    """The MurmurHash3 x64-128 digest (the offset map's key digest) of every non-null key of a
+    BinaryColumn, as a uint64 array of shape (non-null keys, 2): h1, h2 per row."""
+    cdef const uint8_t[::1] data = keys.data
+    cdef const int64_t[::1] offs = keys.offsets
+    cdef const uint8_t[::1] valid = keys.valid.view(np.uint8)
+    cdef Py_ssize_t n = valid.shape[0], i, j = 0, bad = -1
+    if offs.shape[0] != n + 1:
+        raise ValueError("keys.offsets must have one more entry than keys.valid")
+    out = np.empty((int(np.count_nonzero(keys.valid)), 2), dtype=np.uint64)
+    cdef uint64_t[:, ::1] o = out
+    cdef const uint8_t* d = _ptr(data)
+    cdef Py_ssize_t length = data.shape[0]
+    with nogil:
+        for i in range(n):
+            if valid[i]:
+                if offs[i] < 0 or offs[i + 1] < offs[i] or offs[i + 1] > length:
+                    bad = i
+                    break
+                murmur3_x64_128(d + offs[i], offs[i + 1] - offs[i], 0, &o[j, 0], &o[j, 1])
+                j += 1
+    if bad >= 0:
+        raise ValueError(f"key {bad}'s offsets lie outside keys.data")
+    return out
+
+
+def distinct_digests(digests) -> np.ndarray:
+    """The distinct rows of a (n, 2) uint64 digest array (as returned by
+    murmur3_128_digests), sorted."""
+    d = np.ascontiguousarray(digests, dtype=np.uint64).reshape(-1, 2)
+    return np.unique(d.view(np.dtype((np.void, 16))).ravel()).view(np.uint64).reshape(-1, 2)
+
+
 def murmur3_128(data, uint32_t seed=0) -> bytes:
     """MurmurHash3 x64-128 digest (16 bytes), equal to ``mmh3.hash_bytes(data, seed)``."""
     cdef const uint8_t[::1] v = data

@@ -978,3 +978,19 @@ def test_crc_checks_agree_on_both_paths(crc_path):
     with pytest.raises(CorruptRecordError) as e:
         _core.decode_columns(buf, validate_crc=True)
     assert e.value.position == len(batches[0]) + len(batches[1])
+
+
+def test_murmur3_digests_of_a_column_match_mmh3():
+    """The vectorized key digests are mmh3's x64-128 of each non-null key, in order; the
+    distinct rows are those of a set of the same digests."""
+    import mmh3
+    import random
+    rnd = random.Random(3)
+    keys = [None if rnd.random() < 0.2 else bytes(rnd.randrange(256) for _ in range(rnd.randrange(40)))
+            for _ in range(500)] + [b"same"] * 5
+    col = BinaryColumn.from_pylist(keys)
+    d = _core.murmur3_128_digests(col)
+    want = [mmh3.hash_bytes(k) for k in keys if k is not None]
+    assert [r.tobytes() for r in d] == want
+    assert len(_core.distinct_digests(d)) == len(set(want))
+    assert _core.murmur3_128_digests(BinaryColumn.from_pylist([None, None])).shape == (0, 2)

@@ -237,17 +237,15 @@ class Cleaner:
     def _wanted_buffer(self, lg, dirty, start: int, end: int) -> int:
         """Bytes of dedupe buffer that would hold every distinct key of [start, end) at the
         load factor: the sizing advice logged when a round stops on a full map."""
-        keys = set()
+        digests = [np.empty((0, 2), dtype=np.uint64)]
         for seg in dirty:
             if seg.size == 0:
                 continue
             cols = _core.decode_columns(seg.buffer(seg.size), 0, seg.size, min_offset=start,
                                         end_offset=end, validate_crc=False)
-            k = cols.keys
-            data, offs, valid = k.data, k.offsets, k.valid
-            for i in np.flatnonzero(valid):
-                keys.add(_core.murmur3_128(data[offs[i]:offs[i + 1]]))
-        return dedupe_buffer_for(len(keys), self.offset_map.load_factor,
+            digests.append(_core.murmur3_128_digests(cols.keys))
+        keys = len(_core.distinct_digests(np.concatenate(digests)))
+        return dedupe_buffer_for(keys, self.offset_map.load_factor,
                                  self.offset_map.bytes_per_entry)
 
     @staticmethod

@@ -16,7 +16,10 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Optional
 
+import numpy as np
+
 from .. import _core
+from ..columns import BinaryColumn
 from ..config import StoreConfig
 from ._common import (CommandError, UsageError, add_store_options, iter_partitions, open_store,
                       parse_key_values, print_json, progress)
@@ -325,7 +328,8 @@ def run_plan(args) -> int:
 def count_keys(log, start: Optional[int] = None, bar=None) -> tuple:
     """(records, distinct keys, distinct keys at or after ``start``) of a partition, keys
     compared by their MurmurHash3 digest, as the offset map compares them."""
-    seen, dirty = set(), set()
+    empty = np.empty((0, 2), dtype=np.uint64)
+    seen, dirty = empty, empty
     offset, end = log.log_start_offset, log.log_end_offset
     records = 0
     while offset < end:
@@ -333,19 +337,17 @@ def count_keys(log, start: Optional[int] = None, bar=None) -> tuple:
         n = len(cols)
         if n == 0:
             break
-        keys = cols.keys
-        data = memoryview(keys.data)
-        offs = keys.offsets.tolist()
-        valid = keys.valid.tolist()
-        offsets = cols.offsets.tolist()
-        for i in range(n):
-            if valid[i]:  # keyless records never enter the map
-                d = _core.murmur3_128(data[offs[i]:offs[i + 1]])
-                seen.add(d)
-                if start is not None and offsets[i] >= start:
-                    dirty.add(d)
+        # keyless records never enter the map
+        seen = _core.distinct_digests(np.concatenate(
+            [seen, _core.murmur3_128_digests(cols.keys)]))
+        if start is not None:
+            later = cols.offsets >= start
+            keys = cols.keys
+            valid = keys.valid & later
+            dirty = _core.distinct_digests(np.concatenate([dirty, _core.murmur3_128_digests(
+                BinaryColumn(keys.data, keys.offsets, valid))]))
         records += n
-        nxt = offsets[-1] + 1
+        nxt = int(cols.offsets[-1]) + 1
         if bar is not None:
             bar.advance(nxt - offset)
         offset = nxt
