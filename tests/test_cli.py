@@ -821,8 +821,8 @@ def test_plan_cleaner_numbers_fit(capsys):
     # By hand: 10,000,000 keys / 8 partitions = 1,250,000 keys a partition. 134,217,728 bytes
     # / 2 threads = 67,108,864; / 24 = 2,796,202.67 -> 2,796,202 slots; x 0.9 = 2,516,581.8
     # -> 2,516,581 keys a round. Dirty ratio 0.5: dirty > 1 x clean, so up to 1,250,000 keys:
-    # one round. One round in the worst case: 1,250,000 / 0.9 = 1,388,888.9 -> 1,388,889
-    # slots x 24 x 2 threads = 66,666,672 bytes.
+    # one round. One round in the worst case needs floor(slots x 0.9) > 1,250,000, so
+    # slots >= 1,250,001 / 0.9 = 1,388,890 slots x 24 x 2 threads = 66,666,720 bytes.
     rc, out, _ = run(capsys, "plan-cleaner", "--unique-keys", "10,000,000", "--partitions", 8,
                      "--threads", 2, "--dirty-ratio", 0.5)
     assert rc == 0
@@ -831,7 +831,7 @@ def test_plan_cleaner_numbers_fit(capsys):
                      "floor(67,108,864 / 24) = 2,796,202",
                      "floor(2,796,202 x 0.9 load factor) = 2,516,581",
                      "usual: 1   worst case (every key dirty): 1",
-                     "= 1,388,889 slots x 24 bytes x 2 threads = 66,666,672 bytes",
+                     "= 1,388,890 slots x 24 bytes x 2 threads = 66,666,720 bytes",
                      "Fits: log.cleaner.dedupe.buffer.size=134217728"):
         assert fragment in out, fragment
     rc, out, _ = run(capsys, "plan-cleaner", "--unique-keys", 10_000_000, "--partitions", 8,
@@ -842,22 +842,23 @@ def test_plan_cleaner_numbers_fit(capsys):
                                 "buffer_needed", "fits")} == {
         "keys_per_partition": 1_250_000, "buffer_per_thread": 67_108_864,
         "slots_per_thread": 2_796_202, "keys_per_round": 2_516_581, "rounds_worst": 1,
-        "slots_needed": 1_388_889, "buffer_needed": 66_666_672, "fits": True}
+        "slots_needed": 1_388_890, "buffer_needed": 66_666_720, "fits": True}
 
 
 def test_plan_cleaner_numbers_too_small(capsys):
     # By hand: 100,000,000 / 4 = 25,000,000 keys. 134,217,728 / 24 = 5,592,405 slots; x 0.9 =
     # 5,033,164.5 -> 5,033,164 keys a round. Ratio 0.2: dirty > 0.25 x 25,000,000 =
-    # 6,250,000, so 6,250,001 records, as many keys: ceil(6,250,001 / 5,033,164) = 2 rounds;
-    # every key dirty: ceil(25,000,000 / 5,033,164) = 5 rounds. One round needs
-    # ceil(25,000,000 / 0.9) = 27,777,778 slots x 24 = 666,666,672 bytes.
+    # 6,250,000, so 6,250,001 records, as many keys: floor(6,250,001 / 5,033,164) + 1 = 2
+    # rounds; every key dirty: floor(25,000,000 / 5,033,164) + 1 = 5 rounds. One round needs
+    # floor(slots x 0.9) > 25,000,000: slots >= 25,000,001 / 0.9 = 27,777,778.9 -> 27,777,779
+    # slots x 24 = 666,666,696 bytes.
     rc, out, _ = run(capsys, "plan-cleaner", "--unique-keys", 100_000_000, "--partitions", 4,
                      "--dirty-ratio", 0.2, "--buffer-size", "128m")
     assert rc == 0
     assert "about 6,250,001 new records" in out
     assert "usual: 2   worst case (every key dirty): 5" in out
-    assert "27,777,778 slots x 24 bytes x 1 thread = 666,666,672 bytes" in out
-    assert "Set log.cleaner.dedupe.buffer.size=666666672" in out
+    assert "27,777,779 slots x 24 bytes x 1 thread = 666,666,696 bytes" in out
+    assert "Set log.cleaner.dedupe.buffer.size=666666696" in out
 
 
 def test_plan_cleaner_caps_a_thread_at_2_gib(capsys):
@@ -874,9 +875,10 @@ def test_plan_cleaner_takes_defaults_from_store_config(capsys):
                      "--store-config", "log.cleaner.dedupe.buffer.size=96000,"
                                        "log.cleaner.io.buffer.load.factor=0.5")
     doc = json.loads(out)
-    # 96,000 / 4 threads = 24,000 bytes = 1,000 slots; x 0.5 = 500 keys a round: 2 rounds.
+    # 96,000 / 4 threads = 24,000 bytes = 1,000 slots; x 0.5 = 500 keys a round. 1,000 keys:
+    # two rounds stop on a full map after 500 keys each, and a third finishes: 3 rounds.
     assert (doc["threads"], doc["buffer_per_thread"], doc["slots_per_thread"],
-            doc["keys_per_round"], doc["rounds_worst"]) == (4, 24_000, 1_000, 500, 2)
+            doc["keys_per_round"], doc["rounds_worst"]) == (4, 24_000, 1_000, 500, 3)
     rc, _, err = run(capsys, "plan-cleaner", "--unique-keys", 10, "--store-config",
                      "log.cleaner.thread=2")
     assert rc == 1 and "Unknown configuration 'log.cleaner.thread'" in err
@@ -896,7 +898,8 @@ def test_plan_cleaner_from_store_counts_distinct_keys(capsys, tmp_path):
     rows = {(r["topic"], r["partition"]): (r["records"], r["keys"]) for r in doc["partitions"]}
     assert rows == {("users", 0): (60, 7), ("users", 1): (3, 2)}  # "plain" is not compacted
     assert doc["keys_per_partition"] == 7
-    assert doc["slots_needed"] == 8 and doc["buffer_needed"] == 8 * 24  # ceil(7 / 0.9) = 8
+    # floor(slots x 0.9) > 7: slots >= 8 / 0.9 = 8.9 -> 9
+    assert doc["slots_needed"] == 9 and doc["buffer_needed"] == 9 * 24
     rc, out, _ = run(capsys, "plan-cleaner", "--store", root, "--topic", "plain")
     assert "plain-0" in out and rc == 0
     rc, _, err = run(capsys, "plan-cleaner", "--store", root, "--partitions", 3)

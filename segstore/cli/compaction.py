@@ -4,7 +4,8 @@ log cleaner (REF §6).
 ``plan-cleaner`` is the dedupe-buffer napkin math operators do by hand (REF §6.12): the offset
 map costs 24 bytes a key (a 16-byte MurmurHash3 digest and an 8-byte offset), each cleaner thread
 gets ``log.cleaner.dedupe.buffer.size / threads`` bytes, so ``floor(buffer / threads / 24)``
-slots, of which ``floor(slots x load factor)`` may be filled in one round.
+slots, of which ``floor(slots x load factor)`` may be filled in one round. Map building stops at
+the first key past that fill limit, so a round finishes only with fewer dirty keys than the limit.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from typing import Optional
 import numpy as np
 
 from .. import _core
+from ..cleaner.cleaner import dedupe_buffer_for
+from ..cleaner.service import MAX_MAP_BYTES  # one thread's map is a Java array in Kafka
 from ..columns import BinaryColumn
 from ..config import StoreConfig
 from ._common import (CommandError, UsageError, add_store_options, iter_partitions, open_store,
                       parse_key_values, print_json, progress)
 
 BYTES_PER_KEY = 24  # 16-byte MurmurHash3 x64-128 digest + 8-byte offset (REF §6.12)
-MAX_MAP_BYTES = 2 ** 31 - 1  # one thread's map is a Java array in Kafka; segstore keeps the cap
 _READ_CHUNK = 65_536  # records per column read when counting keys
 
 
@@ -197,11 +199,15 @@ def trigger_dirty_records(keys: int, dirty_ratio: float) -> Optional[int]:
 
 
 def slots_for(keys: int, load_factor: float) -> int:
-    """Fewest slots whose fill limit ``floor(slots x load factor)`` holds ``keys``."""
-    slots = math.ceil(keys / Fraction(str(load_factor))) if keys else 0
-    while int(slots * load_factor) < keys:  # the map computes its limit in floating point
-        slots += 1
-    return slots
+    """Slots whose fill limit ``floor(slots x load factor)`` exceeds ``keys``: the cleaner's own
+    rule for mapping ``keys`` distinct keys in one round (``dedupe_buffer_for``)."""
+    return dedupe_buffer_for(keys, load_factor, BYTES_PER_KEY) // BYTES_PER_KEY
+
+
+def rounds_for(keys: int, keys_per_round: int) -> int:
+    """Rounds a cleaning of ``keys`` dirty keys takes: every round but the last stops on a full
+    map after ``keys_per_round`` keys, and the last must hold fewer than that."""
+    return keys // keys_per_round + 1 if keys else 0
 
 
 def plan_cleaner(keys_per_partition: int, *, threads: int = 1, buffer_size: int = 134_217_728,
@@ -225,9 +231,8 @@ def plan_cleaner(keys_per_partition: int, *, threads: int = 1, buffer_size: int 
         keys_per_partition=keys_per_partition, dirty_keys=dirty_keys, threads=threads,
         buffer_size=buffer_size, load_factor=load_factor, dirty_ratio=dirty_ratio,
         buffer_per_thread=per_thread, slots_per_thread=slots, keys_per_round=per_round,
-        rounds_usual=max(math.ceil(dirty_keys / per_round), 1 if dirty_keys else 0),
-        rounds_worst=max(math.ceil(keys_per_partition / per_round),
-                         1 if keys_per_partition else 0),
+        rounds_usual=rounds_for(dirty_keys, per_round),
+        rounds_worst=rounds_for(keys_per_partition, per_round),
         slots_needed=needed, buffer_needed=needed * BYTES_PER_KEY * threads)
 
 
@@ -279,8 +284,9 @@ def plan_text(plan: CleanerPlan, *, header_lines: list, measured: bool) -> str:
         "",
         f"  rounds per cleaning  usual: {p.rounds_usual}   worst case (every key dirty): "
         f"{p.rounds_worst}",
-        f"  buffer for one round in the worst case  ceil({_n(k)} / {p.load_factor}) = "
-        f"{_n(p.slots_needed)} slots x {BYTES_PER_KEY} bytes x {p.threads} thread"
+        f"  buffer for one round in the worst case  fewest slots with floor(slots x "
+        f"{p.load_factor}) > {_n(k)} = {_n(p.slots_needed)} slots x {BYTES_PER_KEY} bytes x "
+        f"{p.threads} thread"
         f"{'s' if p.threads != 1 else ''} = {_n(p.buffer_needed)} bytes ({_mib(p.buffer_needed)})",
         ""]
     if p.fits:
@@ -381,7 +387,7 @@ def _plan_from_store(args, threads, buffer_size, load_factor) -> int:
                         load_factor=load_factor, dirty_ratio=dirty_ratio,
                         dirty_keys=max(r["dirty_keys"] for r in rows))
     for r in rows:
-        r["rounds"] = math.ceil(r["dirty_keys"] / plan.keys_per_round)
+        r["rounds"] = rounds_for(r["dirty_keys"], plan.keys_per_round)
     if args.json:
         print_json({"partitions": rows, **asdict(plan), "fits": plan.fits})
         return 0
