@@ -11,42 +11,67 @@ cdef Py_ssize_t _CR_FIELDS = len(ConsumerRecord._fields)
 
 
 cdef extern from "Python.h":
-    void Py_DECREF_obj "Py_DECREF" (object o)
+    # Raw constructors: each returns a new reference or NULL, so a record's slots can take
+    # ownership directly (no incref/decref pairs and no per-call error checks in the loop).
+    PyObject* _new_bytes "PyBytes_FromStringAndSize" (const char* s, Py_ssize_t n)
+    PyObject* _new_i64 "PyLong_FromLongLong" (long long v)
+    PyObject* _new_ssize "PyLong_FromSsize_t" (Py_ssize_t v)
+    PyObject* _new_list "PyList_New" (Py_ssize_t n)
+    void _set_slot "PyTuple_SET_ITEM" (PyObject* t, Py_ssize_t i, PyObject* x)
+    void _incref "Py_INCREF" (PyObject* o)
+    void _decref "Py_DECREF" (PyObject* o)
+    PyObject* _slot "PyTuple_GET_ITEM" (PyObject* t, Py_ssize_t i)
 
 
-cdef inline void _put(object t, Py_ssize_t i, object x):
-    Py_INCREF(x)  # PyTuple_SET_ITEM steals a reference
-    PyTuple_SET_ITEM(t, i, x)
+cdef inline PyObject* _own(PyObject* o) noexcept:
+    _incref(o)
+    return o
+
+
+cdef inline PyObject* _bytes_ref(const uint8_t* b, Py_ssize_t pos, int32_t length) noexcept:
+    if length < 0:
+        return _own(<PyObject*>None)
+    return _new_bytes(<const char*>(b + pos), length)
 
 
 cdef inline object _new_record(object topic, object partition, object leader_epoch,
-                               int64_t offset, int64_t timestamp, int timestamp_type,
-                               object key, object value, object headers, object checksum,
+                               int64_t offset, int64_t timestamp, object timestamp_type,
+                               PyObject* key, PyObject* value, PyObject* headers, object checksum,
                                Py_ssize_t ksize, Py_ssize_t vsize, Py_ssize_t hsize):
-    # Allocate the namedtuple directly (a tuple subclass of 13 slots), skipping its Python
-    # __new__: object decode is dominated by per-record allocation.
-    cdef PyObject* p = (<_TypeObj*><PyObject*>_ConsumerRecord).tp_alloc(
+    """A ConsumerRecord that takes ownership of key, value and headers (new references or
+    NULL after a failed allocation, which raises MemoryError once the record is released)."""
+    # Allocate the namedtuple directly (a tuple subclass of 13 slots, zeroed), skipping its
+    # Python __new__: object decode is dominated by per-record allocation.
+    cdef PyObject* t = (<_TypeObj*><PyObject*>_ConsumerRecord).tp_alloc(
         <void*><PyObject*>_ConsumerRecord, _CR_FIELDS)
-    if p == NULL:
+    if t == NULL:
+        if key != NULL:
+            _decref(key)
+        if value != NULL:
+            _decref(value)
+        if headers != NULL:
+            _decref(headers)
         raise MemoryError()
-    cdef object t = <object>p
-    Py_DECREF_obj(t)  # the cast above took a second reference
-    _put(t, 0, topic)
-    _put(t, 1, partition)
-    _put(t, 2, leader_epoch)
-    _put(t, 3, offset)
-    _put(t, 4, timestamp)
-    _put(t, 5, timestamp_type)
-    _put(t, 6, key)
-    _put(t, 7, value)
-    _put(t, 8, headers)
-    _put(t, 9, checksum)
-    _put(t, 10, ksize)
-    _put(t, 11, vsize)
-    _put(t, 12, hsize)
-    return t
-
-
+    _set_slot(t, 0, _own(<PyObject*>topic))
+    _set_slot(t, 1, _own(<PyObject*>partition))
+    _set_slot(t, 2, _own(<PyObject*>leader_epoch))
+    _set_slot(t, 3, _new_i64(offset))
+    _set_slot(t, 4, _new_i64(timestamp))
+    _set_slot(t, 5, _own(<PyObject*>timestamp_type))
+    _set_slot(t, 6, key)
+    _set_slot(t, 7, value)
+    _set_slot(t, 8, headers)
+    _set_slot(t, 9, _own(<PyObject*>checksum))
+    _set_slot(t, 10, _new_ssize(ksize))
+    _set_slot(t, 11, _new_ssize(vsize))
+    _set_slot(t, 12, _new_ssize(hsize))
+    cdef object rec = <object>t  # takes a second reference; drop the one tp_alloc gave
+    _decref(t)
+    cdef Py_ssize_t i
+    for i in range(_CR_FIELDS):
+        if _slot(t, i) == NULL:  # tuple dealloc skips NULL slots, so dropping rec frees the rest
+            raise MemoryError()
+    return rec
 
 
 cdef inline object _bytes_or_none(const uint8_t* b, Py_ssize_t pos, int32_t length):
@@ -67,6 +92,9 @@ cdef int _decode_region_records(list out, const Region* reg, const BatchHeader* 
     cdef bint log_append = (h.attributes & 0x08) != 0
     cdef int ts_type = 1 if log_append else 0
     leader_epoch = h.partition_leader_epoch  # -1 when unknown, as kafka-python reports it
+    ts_type_obj = ts_type
+    cdef Py_ssize_t room = limit - len(out)
+    cdef PyObject* hdrs
     if h.records_count < 0:
         _raise_status(ST_RECORD_COUNT, reg.position, file)
     for j in range(h.records_count):
@@ -77,23 +105,28 @@ cdef int _decode_region_records(list out, const Region* reg, const BatchHeader* 
             _raise_status(ST_OFFSET_DELTA, reg.position, file)
         prev = r.offset_delta
         offset = h.base_offset + r.offset_delta
-        if offset < lo or offset >= hi or len(out) >= limit:
+        if offset < lo or offset >= hi or room <= 0:
             continue
+        room -= 1
         ts = h.max_timestamp if log_append else h.base_timestamp + r.timestamp_delta
-        hdrs = []
-        hp = r.headers_pos
-        for k in range(r.header_count):
-            read_varint(b, &hp, reg.end, &klen)
-            hkey = PyUnicode_DecodeUTF8(<const char*>(b + hp), klen, "replace")
-            hp += klen
-            read_varint(b, &hp, reg.end, &vlen)
-            hval = _bytes_or_none(b, hp, vlen)
-            if vlen > 0:
-                hp += vlen
-            hdrs.append((hkey, hval))
+        if r.header_count:
+            header_list = []
+            hp = r.headers_pos
+            for k in range(r.header_count):
+                read_varint(b, &hp, reg.end, &klen)
+                hkey = PyUnicode_DecodeUTF8(<const char*>(b + hp), klen, "replace")
+                hp += klen
+                read_varint(b, &hp, reg.end, &vlen)
+                hval = _bytes_or_none(b, hp, vlen)
+                if vlen > 0:
+                    hp += vlen
+                header_list.append((hkey, hval))
+            hdrs = _own(<PyObject*>header_list)
+        else:
+            hdrs = _new_list(0)
         out.append(_new_record(
-            topic, partition, leader_epoch, offset, ts, ts_type,
-            _bytes_or_none(b, r.key_pos, r.key_len), _bytes_or_none(b, r.value_pos, r.value_len),
+            topic, partition, leader_epoch, offset, ts, ts_type_obj,
+            _bytes_ref(b, r.key_pos, r.key_len), _bytes_ref(b, r.value_pos, r.value_len),
             hdrs, None, r.key_len, r.value_len,
             (r.header_key_bytes + r.header_value_bytes) if r.header_count else -1))
     if pos != reg.end:
@@ -164,8 +197,8 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
     if codec == 0:
         if lo <= wrapper_offset < hi and len(out) < limit:
             out.append(_new_record(topic, partition, -1, wrapper_offset, ts, ts_type,
-                                   _bytes_or_none(b, kpos, klen), _bytes_or_none(b, vpos, vlen),
-                                   [], h.crc, klen, vlen, -1))
+                                   _bytes_ref(b, kpos, klen), _bytes_ref(b, vpos, vlen),
+                                   _new_list(0), h.crc, klen, vlen, -1))
         return 0
     if codec > 3 or vlen < 0:
         _raise_status(ST_BAD_CODEC, h.position, file, f"legacy codec id {codec}")
@@ -208,7 +241,8 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
         else:
             rts, rtype = -1, -1
         if lo <= offset < hi and len(out) < limit:
-            out.append(_new_record(topic, partition, -1, offset, rts, rtype, key, value, [],
+            out.append(_new_record(topic, partition, -1, offset, rts, rtype, _own(<PyObject*>key),
+                                   _own(<PyObject*>value), _new_list(0),
                                    icrc_o, kl, vl, -1))
     return 0
 
