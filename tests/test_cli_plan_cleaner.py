@@ -12,6 +12,7 @@ import pytest
 
 import segstore
 from segstore import _core
+from segstore.cleaner.cleaner import dedupe_buffer_for
 from segstore.cli.compaction import BYTES_PER_KEY, plan_cleaner
 
 TS = 1_700_000_000_000
@@ -70,12 +71,20 @@ def test_keys_per_round_is_where_the_map_fills(slots, load_factor):
         assert plan.fits == (n < limit) == (not map_fills(buffer_size, load_factor, n))
 
 
-@pytest.mark.xfail(strict=True, reason="cleaner.dedupe_buffer_for takes ceil((K + 1) / lf) in "
-                   "floating point: (20 + 1) / 0.7 = 30.000000000000004 gives 31 slots where 30 "
-                   "already hold 21 > 20 keys; the plan reuses it, so it advises one slot more")
 def test_buffer_needed_is_minimal_at_load_factor_0_7():
+    # (20 + 1) / 0.7 is 30.000000000000004 in floating point: ceil() would advise 31 slots.
     need = plan_cleaner(20, load_factor=0.7).buffer_needed
+    assert need == 30 * BYTES_PER_KEY
     assert map_fills(need - BYTES_PER_KEY, 0.7, 20)
+    assert not map_fills(need, 0.7, 20)
+
+
+@pytest.mark.parametrize("load_factor", [0.5, 0.7, 0.75, 0.9, 0.95, 0.99])
+def test_dedupe_buffer_for_is_the_fewest_slots_that_hold_the_keys(load_factor):
+    for keys in list(range(0, 300)) + [10**5 + 7, 987_654]:
+        slots = dedupe_buffer_for(keys, load_factor) // BYTES_PER_KEY
+        assert int(slots * load_factor) > keys
+        assert slots == 1 or int((slots - 1) * load_factor) <= keys
 
 
 def _store(root, buffer_size: int, threads: int, load_factor: float, keys: int):

@@ -464,7 +464,9 @@ class Cleaner:
 def dedupe_buffer_for(keys: int, load_factor: float, bytes_per_entry: int = 24) -> int:
     """Smallest offset-map memory that maps ``keys`` distinct keys in one round: map building
     stops once ``size >= int(slots * load_factor)``, so that must exceed ``keys``."""
-    slots = max(int(np.ceil((keys + 1) / load_factor)), 1)
+    # Start just below the real answer (float rounding of (keys + 1) / lf can overshoot by a
+    # slot) and step up to the first slot count whose fill limit exceeds keys.
+    slots = max(int((keys + 1) / load_factor) - 2, 1)
     while int(slots * load_factor) <= keys:
         slots += 1
     return slots * bytes_per_entry
