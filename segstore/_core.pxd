@@ -33,6 +33,7 @@ cdef enum Status:
     ST_LEGACY_SIZE = 16
     ST_COUNT_OVERFLOW = 17
     ST_INCOMPLETE = 18           # strict scans: a batch runs past data that should be whole
+    ST_ORDER = 19                # encode_columns: a row number in `order` is out of range
 
 # One scanned batch header (numpy twin: BATCH_DTYPE, same field order, aligned).
 cdef struct BatchHeader:

@@ -156,11 +156,15 @@ def encode_columns(
     compression_level: Optional[int] = None,
     log_append_time_ms: Optional[int] = None,
     partition_leader_epoch: int = -1,
+    order: Optional[np.ndarray] = None,
 ) -> EncodedBatches:
     """Columns into consecutive v2 batches (offsets base_offset, base_offset + 1, ...).
 
     A batch closes at ``records_per_batch`` records or before it would pass ``max_batch_bytes``
-    (a single record larger than that still gets a batch of its own).
+    (a single record larger than that still gets a batch of its own). ``order`` (integer row
+    numbers) encodes rows ``order[0], order[1], ...`` of the columns instead of all rows in
+    turn, so a caller that routes rows to partitions needs no reordered copy of its columns;
+    a row number outside the columns raises ValueError.
     """
 
 def set_base_offset(buf: bytearray, position: int, base_offset: int,

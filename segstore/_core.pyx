@@ -87,6 +87,7 @@ _STATUS_MESSAGES = {
     ST_LEGACY_SIZE: "legacy message is shorter than its header",
     ST_COUNT_OVERFLOW: "batch holds more records than fit its offsets",
     ST_INCOMPLETE: "batch runs past the end of data that holds only whole batches",
+    ST_ORDER: "a row number in order is out of range",
 }
 
 

@@ -286,31 +286,38 @@ def encode_control_batch(int control_type, *, int64_t producer_id, int producer_
 
 
 cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
-                       const uint8_t* vv, const int64_t* ts, bint ts_scalar, Py_ssize_t n,
+                       const uint8_t* vv, const int64_t* ts, bint ts_scalar,
+                       const int64_t* order, Py_ssize_t n_src, Py_ssize_t n,
                        Py_ssize_t per_batch, int64_t max_bytes, int64_t* starts,
                        int64_t* positions, Py_ssize_t* nbatches, int64_t* total) noexcept nogil:
     """Split records into batches: `starts` gets each batch's first record index and
-    `positions` its first byte, so batches can then be written independently."""
-    cdef Py_ssize_t i, count = 0
+    `positions` its first byte, so batches can then be written independently. Record i is
+    row order[i] of the columns (row i when order is NULL)."""
+    cdef Py_ssize_t i, s, count = 0
     cdef int64_t size = 0, rec, body, base_ts = 0, klen, vlen
     nbatches[0] = 0
     total[0] = 0
     for i in range(n):
-        klen = (ko[i + 1] - ko[i]) if (ko != NULL and kv[i]) else -1
-        vlen = (vo[i + 1] - vo[i]) if vv[i] else -1
-        if klen > MAX_RECORD_FIELD or vlen > MAX_RECORD_FIELD or (vo[i + 1] < vo[i]) or (
-                ko != NULL and ko[i + 1] < ko[i]):
+        s = i
+        if order != NULL:
+            s = order[i]
+            if s < 0 or s >= n_src:
+                return ST_ORDER
+        klen = (ko[s + 1] - ko[s]) if (ko != NULL and kv[s]) else -1
+        vlen = (vo[s + 1] - vo[s]) if vv[s] else -1
+        if klen > MAX_RECORD_FIELD or vlen > MAX_RECORD_FIELD or (vo[s + 1] < vo[s]) or (
+                ko != NULL and ko[s + 1] < ko[s]):
             return ST_RECORD_LENGTH
         if count == 0:
-            base_ts = ts[0] if ts_scalar else ts[i]
-        body = _record_body_size((0 if ts_scalar else ts[i] - base_ts), <int32_t>count,
+            base_ts = ts[0] if ts_scalar else ts[s]
+        body = _record_body_size((0 if ts_scalar else ts[s] - base_ts), <int32_t>count,
                                  <int32_t>klen, <int32_t>vlen, 0, 0)
         rec = varint_size(<int32_t>body) + body
         if count > 0 and (count >= per_batch or size + rec > max_bytes - V2_HEADER_C):
             total[0] += V2_HEADER_C + size
             count = 0
             size = 0
-            base_ts = ts[0] if ts_scalar else ts[i]
+            base_ts = ts[0] if ts_scalar else ts[s]
             body = _record_body_size(0, 0, <int32_t>klen, <int32_t>vlen, 0, 0)
             rec = varint_size(<int32_t>body) + body
         if count == 0:
@@ -327,13 +334,15 @@ cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
 
 cdef void _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, const uint8_t* kv,
                          const uint8_t* vd, const int64_t* vo, const uint8_t* vv,
-                         const int64_t* ts, bint ts_scalar, const int64_t* starts,
-                         const int64_t* positions, Py_ssize_t b0, Py_ssize_t b1,
+                         const int64_t* ts, bint ts_scalar, const int64_t* order,
+                         const int64_t* starts, const int64_t* positions, Py_ssize_t b0,
+                         Py_ssize_t b1,
                          int64_t base_offset, int32_t leader_epoch,
                          int16_t attributes, int64_t log_append_time,
                          BatchHeader* hdrs) noexcept nogil:
-    """Write batches [b0, b1) at their planned positions (independent of each other)."""
-    cdef Py_ssize_t b, i
+    """Write batches [b0, b1) at their planned positions (independent of each other); record i
+    is row order[i] of the columns (row i when order is NULL), bounds checked by the plan."""
+    cdef Py_ssize_t b, i, s
     cdef int64_t pos, t, body, klen, vlen
     cdef uint8_t* p
     cdef BatchHeader* h
@@ -351,21 +360,23 @@ cdef void _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, con
         h.producer_id = -1
         h.producer_epoch = -1
         h.base_sequence = -1
-        h.base_timestamp = ts[0] if ts_scalar else ts[starts[b]]
+        s = starts[b] if order == NULL else order[starts[b]]
+        h.base_timestamp = ts[0] if ts_scalar else ts[s]
         h.max_timestamp = h.base_timestamp
         p = out + pos + V2_HEADER_C
         for i in range(starts[b], starts[b + 1]):
-            t = ts[0] if ts_scalar else ts[i]
+            s = i if order == NULL else order[i]
+            t = ts[0] if ts_scalar else ts[s]
             if t > h.max_timestamp:
                 h.max_timestamp = t
-            klen = (ko[i + 1] - ko[i]) if (ko != NULL and kv[i]) else -1
-            vlen = (vo[i + 1] - vo[i]) if vv[i] else -1
+            klen = (ko[s + 1] - ko[s]) if (ko != NULL and kv[s]) else -1
+            vlen = (vo[s + 1] - vo[s]) if vv[s] else -1
             body = _record_body_size(t - h.base_timestamp, <int32_t>(i - starts[b]),
                                      <int32_t>klen, <int32_t>vlen, 0, 0)
             p = _write_record_head(p, <int32_t>body, t - h.base_timestamp,
                                    <int32_t>(i - starts[b]),
-                                   (kd + ko[i]) if klen > 0 else NULL, <int32_t>klen,
-                                   (vd + vo[i]) if vlen > 0 else NULL, <int32_t>vlen)
+                                   (kd + ko[s]) if klen > 0 else NULL, <int32_t>klen,
+                                   (vd + vo[s]) if vlen > 0 else NULL, <int32_t>vlen)
             p[0] = 0  # header count
             p += 1
         if log_append_time >= 0:
@@ -387,6 +398,7 @@ cdef class _EncodeJob:
     cdef const uint8_t* vv
     cdef const int64_t* ts
     cdef bint ts_scalar
+    cdef const int64_t* order
     cdef const int64_t* starts
     cdef const int64_t* positions
     cdef int64_t base_offset
@@ -400,7 +412,8 @@ cdef class _EncodeJob:
     def write(self, Py_ssize_t b0, Py_ssize_t b1):
         with nogil:
             _write_columns(self.out, self.kd, self.ko, self.kv, self.vd, self.vo, self.vv,
-                           self.ts, self.ts_scalar, self.starts, self.positions, b0, b1,
+                           self.ts, self.ts_scalar, self.order, self.starts, self.positions,
+                           b0, b1,
                            self.base_offset, self.leader_epoch, self.attributes,
                            self.log_append_time, self.hdrs)
         if not self.crc:
@@ -424,14 +437,24 @@ cdef class _EncodeJob:
 def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset=0,
                    Py_ssize_t records_per_batch=4096, int64_t max_batch_bytes=1 << 20,
                    compression=0, compression_level=None, log_append_time_ms=None,
-                   int32_t partition_leader_epoch=-1):
+                   int32_t partition_leader_epoch=-1, order=None):
     """Columns into consecutive v2 batches (see _core.pyi)."""
     cdef int codec = _compression.codec_id(compression)
-    cdef Py_ssize_t n = len(values)
+    cdef Py_ssize_t n_src = len(values)
     if records_per_batch <= 0:
         raise ValueError(f"records_per_batch must be positive, got {records_per_batch}")
-    if keys is not None and len(keys) != n:
-        raise InvalidRecordError(f"{len(keys)} keys for {n} values")
+    if keys is not None and len(keys) != n_src:
+        raise InvalidRecordError(f"{len(keys)} keys for {n_src} values")
+    # `order` picks and orders rows (a gather), so routed rows need no copy of the columns.
+    order_arr = None if order is None else np.ascontiguousarray(order, dtype=np.int64)
+    if order_arr is not None and order_arr.ndim != 1:
+        raise ValueError("order must be a one-dimensional array of row numbers")
+    cdef Py_ssize_t n = n_src if order_arr is None else len(order_arr)
+    cdef const int64_t[::1] ordv
+    cdef const int64_t* ordp = NULL
+    if order_arr is not None and n:
+        ordv = order_arr
+        ordp = &ordv[0]
     cdef const uint8_t[::1] vd = values.data
     cdef const int64_t[::1] vo = values.offsets
     cdef const uint8_t[::1] vv = values.valid.view(np.uint8)
@@ -442,13 +465,17 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     cdef const uint8_t* kdp = NULL
     if n == 0:
         return EncodedBatches(b"", np.empty(0, dtype=BATCH_DTYPE))
-    if vo[0] < 0 or vo[n] > vd.shape[0]:
+    if vo.shape[0] != n_src + 1 or vv.shape[0] != n_src:
+        raise InvalidRecordError("values.offsets/valid do not match the number of values")
+    if vo[0] < 0 or vo[n_src] > vd.shape[0]:
         raise InvalidRecordError("values.offsets point outside values.data")
     if keys is not None:
         kd = keys.data
         ko = keys.offsets
         kv = keys.valid.view(np.uint8)
-        if ko[0] < 0 or ko[n] > kd.shape[0]:
+        if ko.shape[0] != n_src + 1 or kv.shape[0] != n_src:
+            raise InvalidRecordError("keys.offsets/valid do not match the number of keys")
+        if ko[0] < 0 or ko[n_src] > kd.shape[0]:
             raise InvalidRecordError("keys.offsets point outside keys.data")
         kop = &ko[0]
         kvp = &kv[0]
@@ -459,8 +486,8 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
         ts_scalar = True
     else:
         ts_arr = np.ascontiguousarray(timestamps_ms, dtype=np.int64)
-        if len(ts_arr) != n:
-            raise InvalidRecordError(f"{len(ts_arr)} timestamps for {n} values")
+        if len(ts_arr) != n_src:
+            raise InvalidRecordError(f"{len(ts_arr)} timestamps for {n_src} values")
         ts_scalar = False
     cdef const int64_t[::1] ts = ts_arr
     starts_arr = np.empty(n + 1, dtype=np.int64)
@@ -470,8 +497,11 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     cdef int64_t total = 0
     cdef int st
     with nogil:
-        st = _plan_columns(kop, kvp, &vo[0], &vv[0], &ts[0], ts_scalar, n, records_per_batch,
-                           max_batch_bytes, &starts[0], &positions[0], &nbatches, &total)
+        st = _plan_columns(kop, kvp, &vo[0], &vv[0], &ts[0], ts_scalar, ordp, n_src, n,
+                           records_per_batch, max_batch_bytes, &starts[0], &positions[0],
+                           &nbatches, &total)
+    if st == ST_ORDER:
+        raise ValueError(f"order holds a row number outside [0, {n_src})")
     if st != ST_OK:
         raise InvalidRecordError("column offsets are not increasing or a value exceeds 2 GiB")
     out = PyBytes_FromStringAndSize(NULL, total)  # filled below before anyone sees it
@@ -482,13 +512,14 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     job.kd, job.ko, job.kv = kdp, kop, kvp
     job.vd, job.vo, job.vv = _ptr(vd), &vo[0], &vv[0]
     job.ts, job.ts_scalar = &ts[0], ts_scalar
+    job.order = ordp
     job.starts, job.positions = &starts[0], &positions[0]
     job.base_offset = base_offset
     job.leader_epoch = partition_leader_epoch
     job.attributes = 0x08 if log_append_time_ms is not None else 0
     job.log_append_time = -1 if log_append_time_ms is None else log_append_time_ms
     job.crc = codec == 0
-    job.keep = (values, keys, ts_arr, starts_arr, positions_arr)
+    job.keep = (values, keys, ts_arr, starts_arr, positions_arr, order_arr)
     cdef uint8_t[::1] hv = hdr_arr.view(np.uint8)
     job.hdrs = <BatchHeader*>&hv[0] if nbatches else NULL
     # Batches are independent once planned: two threads write (and checksum) halves.

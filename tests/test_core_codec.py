@@ -547,6 +547,40 @@ def test_encode_columns_scalar_timestamp_and_byte_limit():
     assert oracle_log_records(res.data) == [(i, T0, 0, None, values[i], []) for i in range(5)]
 
 
+@pytest.mark.parametrize("codec", [0, 1])
+def test_encode_columns_order_gathers_rows(codec):
+    """``order`` encodes exactly what the gathered columns would, checked in aiokafka."""
+    rng = np.random.default_rng(7)
+    n = 41
+    vals = [None if i % 7 == 2 else bytes(rng.integers(0, 256, i % 9, dtype=np.uint8))
+            for i in range(n)]
+    ks = [None if i % 4 == 1 else b"key-%d" % i for i in range(n)]
+    ts = T0 + rng.integers(-50, 50, n)
+    order = np.concatenate([rng.permutation(n)[:30], [5, 5, 0]])  # repeats are allowed
+    res = _core.encode_columns(BinaryColumn.from_pylist(vals), BinaryColumn.from_pylist(ks), ts,
+                               order=order, base_offset=7, records_per_batch=6,
+                               compression=codec)
+    gathered = _core.encode_columns(
+        BinaryColumn.from_pylist([vals[i] for i in order]),
+        BinaryColumn.from_pylist([ks[i] for i in order]), ts[order], base_offset=7,
+        records_per_batch=6, compression=codec)
+    assert res.data == gathered.data
+    assert oracle_log_records(res.data) == [
+        (7 + j, int(ts[i]), 0, ks[i], vals[i], []) for j, i in enumerate(order)]
+
+
+def test_encode_columns_order_rejects_rows_outside_the_columns():
+    values = BinaryColumn.from_pylist([b"a", b"b"])
+    for bad in ([2], [-1], [0, 1, 99]):
+        with pytest.raises(ValueError, match=r"outside \[0, 2\)"):
+            _core.encode_columns(values, None, T0, order=np.array(bad))
+    with pytest.raises(ValueError, match="one-dimensional"):
+        _core.encode_columns(values, None, T0, order=np.zeros((1, 1), dtype=np.int64))
+    assert _core.encode_columns(values, None, T0, order=np.array([], dtype=np.int64)).data == b""
+    assert _core.encode_columns(values, None, T0, order=[1]).data == \
+        _core.encode_columns(BinaryColumn.from_pylist([b"b"]), None, T0).data
+
+
 # ----------------------------------------------------------------------------------------------
 # control batches
 
