@@ -2,8 +2,9 @@
 
 Each input ``RecordBatch`` is routed as Kafka's producer would route it: the ``partition``
 column when set, else murmur2 of the key (Kafka's default partitioner), else one sticky partition
-per batch for null keys. Rows are grouped by target with one stable sort and Arrow ``take``, then
-encoded in one compiled pass per group (``_core.encode_columns``; records with headers take
+per batch for null keys. Rows are grouped by target with one stable sort, then each group is
+encoded in one compiled pass that gathers its rows straight from the Arrow buffers
+(``_core.encode_columns`` with ``order``; records with headers take Arrow ``take`` and
 ``_core.encode_batch``). Base offsets stay 0: the driver's commit rewrites them.
 """
 
@@ -103,6 +104,13 @@ def _headers_lists(arr) -> list:
     return out
 
 
+def _taken(arr, idx):
+    """``arr`` with rows ``idx`` (all rows when idx is None; None stays None)."""
+    if arr is None or idx is None:
+        return arr
+    return arr.take(idx)
+
+
 class BatchRouter:
     """Routes and encodes input batches; ``info(topic)`` supplies each target's TopicInfo."""
 
@@ -151,9 +159,10 @@ class BatchRouter:
             return part
         if keys is not None:
             # Kafka's default partitioner: murmur2 of the key (one pass per partition count).
-            for count in np.unique(counts[topic_idx[todo]]):
+            per_topic = set(counts.tolist())
+            for count in per_topic:
                 hashed = _core.murmur2_partitions(keys, int(count))
-                rows = todo & (counts[topic_idx] == count)
+                rows = todo if len(per_topic) == 1 else todo & (counts[topic_idx] == count)
                 part[rows] = hashed[rows]
             todo = part < 0
         if todo.any():
@@ -176,36 +185,40 @@ class BatchRouter:
         part = self._partitions(batch, topics, topic_idx, keys)
         values_arr = batch.column(lay.value)
         headers_arr = batch.column(lay.headers) if lay.headers is not None else None
-        group = topic_idx.astype(np.int64) * (1 << 31) + part
+        # Rows are grouped by (topic, partition) with a stable sort on one small integer per
+        # row (numpy sorts 16-bit keys by radix), then encoded through `order`: no row copy.
+        width = int(part.max()) + 1
+        group = topic_idx.astype(np.int64) * width + part
         now = int(time.time() * 1000)
         if (group == group[0]).all():
-            runs = [(0, n)]
+            order, runs = None, [(0, n)]
         else:
-            order = np.argsort(group, kind="stable")
+            order = np.argsort(group.astype(np.int16) if len(topics) * width <= 1 << 15
+                               else group, kind="stable")
             group = group[order]
-            idx = pa.array(order)
-            values_arr = values_arr.take(idx)
-            keys_arr = keys_arr.take(idx) if keys_arr is not None else None
-            headers_arr = headers_arr.take(idx) if headers_arr is not None else None
             cuts = np.flatnonzero(np.diff(group)) + 1
             edges = [0, *cuts.tolist(), n]
             runs = list(zip(edges, edges[1:]))
+        values = binary_column(values_arr)
         for a, b in runs:
             g = int(group[a])
-            topic, partition = topics[g >> 31], g & ((1 << 31) - 1)
+            topic, partition = topics[g // width], g % width
             info = self.info(topic)
-            vals = binary_column(values_arr.slice(a, b - a))
-            ks = binary_column(keys_arr.slice(a, b - a)) if keys_arr is not None else None
+            rows = None if order is None else order[a:b]
             if headers_arr is None:
-                data = self._encode_columns(vals, ks, now, info, topic)
+                data = self._encode_columns(values, keys, rows, now, info, topic)
             else:
-                data = self._encode_with_headers(vals, ks, headers_arr.slice(a, b - a), now, info)
+                idx = None if rows is None else pa.array(rows)
+                data = self._encode_with_headers(
+                    _taken(values_arr, idx), _taken(keys_arr, idx), _taken(headers_arr, idx),
+                    now, info)
             yield topic, partition, data, b - a
 
     @staticmethod
-    def _encode_columns(values, keys, now: int, info: TopicInfo, topic: str) -> bytes:
+    def _encode_columns(values, keys, rows, now: int, info: TopicInfo, topic: str) -> bytes:
         enc = _core.encode_columns(values, keys, now, records_per_batch=RECORDS_PER_BATCH,
-                                   max_batch_bytes=info.max_batch_bytes, compression=info.codec)
+                                   max_batch_bytes=info.max_batch_bytes, compression=info.codec,
+                                   order=rows)
         sizes = enc.batches["size"]
         if len(sizes) and int(sizes.max()) > info.max_message_bytes:
             raise RecordTooLargeError(
@@ -214,7 +227,10 @@ class BatchRouter:
         return enc.data
 
     @staticmethod
-    def _encode_with_headers(values, keys, headers_arr, now: int, info: TopicInfo) -> bytes:
+    def _encode_with_headers(values_arr, keys_arr, headers_arr, now: int,
+                             info: TopicInfo) -> bytes:
+        values = binary_column(values_arr)
+        keys = binary_column(keys_arr) if keys_arr is not None else None
         vals = values.to_pylist()
         ks = keys.to_pylist() if keys is not None else [None] * len(vals)
         hs = _headers_lists(headers_arr)
