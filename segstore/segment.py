@@ -4,74 +4,40 @@ Files are named by the segment's base offset, 20 digits (REF §2.1). Appends wri
 end with ``pwrite``; reads go through a read-only ``mmap`` of the file, remapped as it grows. A file
 that may be mapped is never shrunk in place (a reader touching a cut page would die of SIGBUS):
 truncating a segment writes the kept prefix to a new file and renames it over the old one.
+
+File naming lives in :mod:`segstore.segment_files`, the checks of a segment's offsets and indexes
+(and ``verify()``) in :mod:`segstore.segment_checks`.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import random
 import threading
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import numpy as np
 
 from . import _core
 from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
 from .index import OffsetIndex, TimeIndex
+# Names defined by the helper modules are re-exported: the package and its tests import them
+# from here.
+from .segment_checks import (MAX_RELATIVE_OFFSET, Problem, consistent_prefix,
+                             entry_points_at_batch, first_offsets, sanity_check_indexes,
+                             verify_segment)
+from .segment_files import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
+                            SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix,
+                            replace_suffix, segment_paths)
 from .transaction_index import AbortedTxn, TransactionIndex
 
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-TIME_INDEX_SUFFIX = ".timeindex"
-TXN_INDEX_SUFFIX = ".txnindex"
-CLEANED_SUFFIX = ".cleaned"
-SWAP_SUFFIX = ".swap"
-DELETED_SUFFIX = ".deleted"
-MAX_RELATIVE_OFFSET = 0x7FFFFFFF
+__all__ = ["LogSegment", "Problem", "MAX_RELATIVE_OFFSET", "first_offsets", "consistent_prefix",
+           "filename_prefix", "segment_paths", "LOG_SUFFIX", "INDEX_SUFFIX", "TIME_INDEX_SUFFIX",
+           "TXN_INDEX_SUFFIX", "CLEANED_SUFFIX", "SWAP_SUFFIX", "DELETED_SUFFIX"]
 
-
-class Problem(NamedTuple):
-    """One finding of ``verify()``: which file, where, and what is wrong."""
-
-    file: str
-    position: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file} at position {self.position}: {self.message}"
-
-
-def first_offsets(batches: np.ndarray) -> np.ndarray:
-    """Each batch's first offset; a legacy compressed wrapper does not tell its first inner
-    offset (scanned as -1), so its last offset stands in for it."""
-    return np.where((batches["magic"] < 2) & (batches["base_offset"] < 0),
-                    batches["last_offset"], batches["base_offset"])
-
-
-def consistent_prefix(batches: np.ndarray, base_offset: int) -> int:
-    """How many leading batches have offsets a segment at ``base_offset`` can hold: inside its
-    32-bit relative range and growing from batch to batch (baseOffset is outside the CRC)."""
-    if not len(batches):
-        return 0
-    last = batches["last_offset"]
-    first = first_offsets(batches)
-    rel = last - base_offset
-    bad = (rel < 0) | (rel > MAX_RELATIVE_OFFSET) | (first < base_offset)
-    bad[1:] |= first[1:] <= last[:-1]
-    return int(bad.argmax()) if bad.any() else len(batches)
-
-
-def filename_prefix(offset: int) -> str:
-    """The 20-digit, zero-padded base offset that names a segment's files."""
-    return f"{offset:020d}"
-
-
-def segment_paths(directory: str, base_offset: int, suffix: str = "") -> dict[str, str]:
-    """Paths of a segment's four files (with an optional temporary suffix)."""
-    p = os.path.join(directory, filename_prefix(base_offset))
-    return {kind: p + kind + suffix for kind in
-            (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)}
+log = logging.getLogger("segstore.segment")
 
 
 class LogSegment:
@@ -168,28 +134,14 @@ class LogSegment:
                            self.config.segment_index_bytes, writable=writable)
             problem = None
             if self._check_indexes_on_load:
-                # Stronger than Kafka's check (KAFKA-10207): untrimmed or zero-padded files,
-                # disorder, entries past the log are rebuilt from the log, never trusted.
                 try:
-                    if oi.entries * oi.entry_size != oi.file_size or ti.entries * 12 != ti.file_size:
-                        raise CorruptIndexError("index file not trimmed to its entries")
-                    oi.sanity_check(self.size)
-                    ti.sanity_check()
-                    if oi.entries:
-                        off, pos = oi.entry(oi.entries - 1)
-                        b = _core.scan_batches(self.buffer(self.size), pos, self.size,
-                                               max_batches=1, raise_on_corrupt=False).batches
-                        if not len(b) or not b["base_offset"][0] <= off <= b["last_offset"][0]:
-                            raise CorruptIndexError(
-                                f"last entry ({off}, {pos}) does not point at its batch")
+                    sanity_check_indexes(self, oi, ti)
                 except CorruptIndexError as e:
                     problem = e
             self._time_index = ti
             self._offset_index = oi
         if problem is not None:
-            import logging
-            logging.getLogger("segstore.segment").warning(
-                "rebuilding the indexes of %s: %s", self.log_path, problem)
+            log.warning("rebuilding the indexes of %s: %s", self.log_path, problem)
             # Index what can be read; damage further on is reported by the reads that reach it.
             b = self.scan(0, raise_on_corrupt=False).batches
             self.rebuild_indexes(b[:consistent_prefix(b, self.base_offset)])
@@ -265,15 +217,10 @@ class LogSegment:
         """Where to start scanning for ``offset``: the offset-index floor, if the batch there
         really holds the entry's offset; a damaged index is never trusted (scan from 0)."""
         entry_offset, pos = self.offset_index.lookup(offset)
-        if pos <= 0:
+        if pos <= 0 or pos >= size:
             return 0
-        if pos >= size:
-            return 0
-        res = _core.scan_batches(buf, pos, size, max_batches=1, raise_on_corrupt=False)
-        b = res.batches
-        if len(b) == 0 or not (b["base_offset"][0] <= entry_offset <= b["last_offset"][0]):
-            import logging
-            logging.getLogger("segstore.segment").warning(
+        if not entry_points_at_batch(buf, size, entry_offset, pos):
+            log.warning(
                 "ignoring the offset index of %s: entry (%d, %d) does not point at its batch",
                 self.log_path, entry_offset, pos)
             return 0
@@ -516,25 +463,24 @@ class LogSegment:
         Readers in this or another (read-only) process may map the file, so it is always
         copied: the kept prefix goes to a new file renamed over the old one.
         """
-        if True:
-            tmp = self.log_path + ".truncating"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                done = 0
-                while done < keep:
-                    done += os.copy_file_range(self._fd, fd, keep - done, done, done)
-                os.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                os.unlink(tmp)
-                raise
-            os.replace(tmp, self.log_path)
-            old = self._fd_value
-            self._fd_value = fd
-            self._inode = os.fstat(fd).st_ino
-            self._mm = None
-            if old is not None:
-                os.close(old)
+        tmp = self.log_path + ".truncating"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            done = 0
+            while done < keep:
+                done += os.copy_file_range(self._fd, fd, keep - done, done, done)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.replace(tmp, self.log_path)
+        old = self._fd_value
+        self._fd_value = fd
+        self._inode = os.fstat(fd).st_ino
+        self._mm = None
+        if old is not None:
+            os.close(old)
         self.size = keep
 
     def truncate_bytes(self, valid_bytes: int) -> int:
@@ -553,60 +499,9 @@ class LogSegment:
         entries must point at the start of the batch holding their offset; time-index entries
         must be ordered and name offsets of this segment.
         """
-        problems = []
+        # A reader checks the whole file: its size may lag behind a writer's appends.
         size = os.fstat(self._fd).st_size if self.readonly else self.size
-        res = _core.scan_batches(self.buffer(size) if size else b"", 0, size, validate_crc=True,
-                                 raise_on_corrupt=False, file=self.log_path)
-        if res.error is not None:
-            problems.append(Problem(self.log_path, res.error.position, res.error.reason))
-        elif res.torn:
-            problems.append(Problem(self.log_path, res.valid_end,
-                                    "incomplete batch at the end of the file"))
-        b = res.batches
-        if len(b):
-            first = first_offsets(b)
-            bad = np.nonzero(first[1:] <= b["last_offset"][:-1])[0]
-            for i in bad[:10]:
-                problems.append(Problem(self.log_path, int(b["position"][i + 1]),
-                                        "offsets do not increase from the previous batch"))
-            if int(first[0]) < self.base_offset:
-                problems.append(Problem(self.log_path, 0, "batch below the segment's base offset"))
-            if next_base_offset is not None and int(b["last_offset"][-1]) >= next_base_offset:
-                problems.append(Problem(self.log_path, int(b["position"][-1]),
-                                        "batch reaches into the next segment's offsets"))
-            # Every entry decoded with numpy: no per-entry Python work on large indexes.
-            entries = self.offset_index.entries_array()
-            # Only entries inside the readable prefix: past a corrupt batch nothing can be checked.
-            entries = entries[entries["pos"].astype(np.int64) < res.valid_end]
-            if len(entries):
-                offs = entries["rel"].astype(np.int64) + self.base_offset
-                pos = entries["pos"].astype(np.int64)
-                at = np.searchsorted(b["position"], pos)
-                ok = (at < len(b))
-                ok[ok] &= b["position"][at[ok]] == pos[ok]
-                ok[ok] &= (b["base_offset"][at[ok]] <= offs[ok]) & (offs[ok] <= b["last_offset"][at[ok]])
-                for i in np.nonzero(~ok)[0][:10]:
-                    problems.append(Problem(self.offset_index.path, int(i) * 8,
-                                            f"entry ({int(offs[i])}, {int(pos[i])}) does not point "
-                                            "at the batch holding that offset"))
-        for index in (self.offset_index, self.time_index):
-            bad = _core.index_check(index._buffer(), index.entries, index._time)
-            if bad >= 0:
-                problems.append(Problem(index.path, bad * index.entry_size,
-                                        "entry out of order (damage or zero padding)"))
-        try:  # whole version-0 entries, none below the base offset
-            self.txn_index.sanity_check()
-        except CorruptIndexError as e:
-            problems.append(Problem(self.txn_index.path, 0, str(e)))
-        times = self.time_index.entries_array()
-        if len(times) and len(b):
-            offs = times["rel"].astype(np.int64) + self.base_offset
-            top = int(b["last_offset"][-1]) if res.error is None else np.iinfo(np.int64).max
-            out = np.nonzero((offs < self.base_offset) | (offs > top))[0]
-            for i in out[:10]:
-                problems.append(Problem(self.time_index.path, int(i) * 12,
-                                        f"entry names offset {int(offs[i])} outside the segment"))
-        return problems
+        return verify_segment(self, size, next_base_offset)
 
     # -- durability and files ---------------------------------------------------------------
     def flush(self) -> None:
@@ -627,9 +522,8 @@ class LogSegment:
             try:
                 self.on_become_inactive()
             except InvalidOffsetError as e:  # damaged data must not stop a close
-                import logging
-                logging.getLogger("segstore.segment").warning(
-                    "closing %s without its final time-index entry: %s", self.log_path, e)
+                log.warning("closing %s without its final time-index entry: %s",
+                            self.log_path, e)
         elif not self.readonly and self._fd_value is not None:
             self._trim_log_file()
         if self._offset_index is not None:
@@ -645,9 +539,7 @@ class LogSegment:
     def change_file_suffixes(self, old: str, new: str) -> None:
         """Rename every file of the segment from suffix ``old`` to ``new`` (REF §2.2)."""
         def renamed(path):
-            if not path.endswith(old):
-                raise ValueError(f"{path} does not end in {old!r}")
-            return path[:len(path) - len(old)] + new
+            return replace_suffix(path, old, new)
         if os.path.exists(self.log_path):
             os.replace(self.log_path, renamed(self.log_path))
         self.log_path = renamed(self.log_path)

@@ -1,0 +1,38 @@
+"""A segment's file names and suffixes (Kafka's LogFileUtils and LocalLog file naming, REF §2.1-§2.2).
+
+A segment's four files share one name, its base offset in 20 digits, with the kind's suffix
+(``.log``, ``.index``, ``.timeindex``, ``.txnindex``). A temporary suffix after that marks a
+segment in flight: ``.cleaned`` (written by the cleaner), ``.swap`` (about to replace others),
+``.deleted`` (retired, unlinked later).
+"""
+
+from __future__ import annotations
+
+import os
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
+
+
+def filename_prefix(offset: int) -> str:
+    """The 20-digit, zero-padded base offset that names a segment's files."""
+    return f"{offset:020d}"
+
+
+def segment_paths(directory: str, base_offset: int, suffix: str = "") -> dict[str, str]:
+    """Paths of a segment's four files (with an optional temporary suffix)."""
+    p = os.path.join(directory, filename_prefix(base_offset))
+    return {kind: p + kind + suffix for kind in
+            (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)}
+
+
+def replace_suffix(path: str, old: str, new: str) -> str:
+    """``path`` with its ending ``old`` replaced by ``new`` (Kafka's Utils.replaceSuffix)."""
+    if not path.endswith(old):
+        raise ValueError(f"{path} does not end in {old!r}")
+    return path[:len(path) - len(old)] + new
