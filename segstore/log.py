@@ -186,24 +186,17 @@ class PartitionLog(LogReads, ReadOnlyFollower):
     def append_columns(self, values: BinaryColumn, keys: Optional[BinaryColumn] = None,
                        timestamps_ms=None, *, records_per_batch: int = 4096,
                        compression=None) -> AppendInfo:
-        """Append numpy columns, encoded in one compiled pass into batches of up to
-        ``records_per_batch`` records and ``max.message.bytes`` bytes."""
+        """Append numpy columns, encoded by compiled code into batches of up to
+        ``records_per_batch`` records and ``max.message.bytes`` bytes (a large append is
+        encoded and written in overlapping chunks: see :mod:`segstore.column_append`)."""
         self._check_writable()
         if not isinstance(values, BinaryColumn) or (keys is not None and not isinstance(keys, BinaryColumn)):
             raise InvalidRecordError("append_columns takes BinaryColumn values and keys")
         if len(values) == 0:
             raise InvalidRecordError("append_columns needs at least one record")
-        codec = self._codec(compression)
-        with self._lock:  # encoding at the log end offset: no copy to patch base offsets
-            now = self.clock()
-            enc = _core.encode_columns(values, keys, now if timestamps_ms is None else timestamps_ms,
-                                       base_offset=self._state.log_end_offset,
-                                       records_per_batch=records_per_batch,
-                                       max_batch_bytes=min(self.config.max_message_bytes,
-                                                           self.config.segment_bytes),
-                                       compression=codec, partition_leader_epoch=0,
-                                       log_append_time_ms=self._log_append_time(now))
-            return self._append_encoded(enc.data, enc.batches, assigned=True)
+        from .column_append import append_columns
+        return append_columns(self, values, keys, timestamps_ms, records_per_batch,
+                              self._codec(compression))
 
     def append_control(self, control_type: int, *, producer_id: int, producer_epoch: int,
                        coordinator_epoch: int = 0) -> AppendInfo:
