@@ -38,6 +38,7 @@ __all__ = ["LogSegment", "Problem", "MAX_RELATIVE_OFFSET", "first_offsets", "con
            "TXN_INDEX_SUFFIX", "CLEANED_SUFFIX", "SWAP_SUFFIX", "DELETED_SUFFIX"]
 
 log = logging.getLogger("segstore.segment")
+MAX_OFFSET = np.iinfo(np.int64).max
 
 
 class LogSegment:
@@ -206,12 +207,14 @@ class LogSegment:
         return mm
 
     def scan(self, start: int = 0, end: Optional[int] = None, *, validate_crc: bool = False,
-             max_batches: Optional[int] = None, raise_on_corrupt: bool = True):
-        """Scan batch headers in [start, end) of the log file (end defaults to the size)."""
+             max_batches: Optional[int] = None, raise_on_corrupt: bool = True,
+             strict: bool = False):
+        """Scan batch headers in [start, end) of the log file (end defaults to the size);
+        ``strict``: a batch running past ``end`` is damage, not a torn tail."""
         end = self.size if end is None else end
         return _core.scan_batches(self.buffer(end), start, end, validate_crc=validate_crc,
                                   max_batches=max_batches, raise_on_corrupt=raise_on_corrupt,
-                                  file=self.log_path)
+                                  file=self.log_path, strict=strict)
 
     def _index_position(self, offset: int, size: int, buf) -> int:
         """Where to start scanning for ``offset``: the offset-index floor, if the batch there
@@ -230,30 +233,40 @@ class LogSegment:
         """First batch at or after ``start_position`` whose last offset >= ``offset``.
 
         Returns a BATCH_DTYPE row (position is in the file) or None. The segment holds only
-        whole batches, so a batch running past its size is reported as CorruptRecordError.
+        whole batches, so a batch running past its size is reported as CorruptRecordError, but
+        only when the scan reaches it before finding the batch: damage further on is left to the
+        reads that need it (Kafka walks batch by batch and never looks past its target).
         """
         size = self.size  # read once: an append may grow it while we scan
         buf = self.buffer(size)
         pos = max(self._index_position(offset, size, buf), start_position)
         while pos < size:
-            res = _core.scan_batches(buf, pos, size, max_batches=64, file=self.log_path,
-                                     strict=True)
+            res = self._scan_ahead(pos, size)
             b = res.batches
-            if len(b) == 0:
-                return None
             hit = np.nonzero(b["last_offset"] >= offset)[0]
             if len(hit):
                 return b[hit[0]]
+            if res.error is not None:
+                raise res.error
+            if len(b) == 0:
+                return None
             pos = int(b["position"][-1] + b["size"][-1])
         return None
 
+    def _scan_ahead(self, start: int, end: int):
+        # Headers of up to 64 whole batches from ``start``; a damaged one ends the scan and is
+        # returned, not raised: only the caller knows whether it needed that batch.
+        return self.scan(start, end, max_batches=64, strict=True, raise_on_corrupt=False)
+
     def read_range(self, start_offset: int, max_bytes: int, max_position: Optional[int] = None,
-                   min_one_message: bool = True):
+                   min_one_message: bool = True, end_offset: Optional[int] = None):
         """(buffer, start, end) of whole batches from the one holding ``start_offset``.
 
         Follows Kafka's LogSegment.read: batches up to ``max_bytes`` (at least the first when
-        ``min_one_message``) and never past ``max_position``; unlike Kafka the range ends on a
+        ``min_one_message``), never past ``max_position`` and (like the maxOffset Kafka's read
+        once took) none starting at or after ``end_offset``; unlike Kafka the range ends on a
         batch boundary, so a reader never sees a cut batch. None when no batch qualifies.
+        Damage is raised only where the range would take the damaged batch.
         """
         first = self.translate_offset(start_offset)
         if first is None:
@@ -264,17 +277,24 @@ class LogSegment:
         end = start + int(first["size"])
         if end > limit or (not min_one_message and end - start > max_bytes):
             return None
+        stop = MAX_OFFSET if end_offset is None else end_offset
+        last = int(first["last_offset"])
         buf = self.buffer(size)
-        while end < limit and end - start < max_bytes:
-            b = _core.scan_batches(buf, end, limit, max_batches=64, file=self.log_path,
-                                   strict=True).batches
+        error = None
+        while end < limit and end - start < max_bytes and last + 1 < stop:
+            if error is not None:
+                raise error  # the damaged batch starts where the range still wants more
+            res = self._scan_ahead(end, limit)
+            b = res.batches
             ends = b["position"] + b["size"]
-            fit = ends[ends - start <= max_bytes]
-            if len(fit) == 0:
+            # A legacy compressed wrapper scans with base offset -1, so it is kept.
+            wanted = (ends - start <= max_bytes) & (b["base_offset"] < stop)
+            n = len(b) if wanted.all() else int(wanted.argmin())
+            if n:
+                end, last = int(ends[n - 1]), int(b["last_offset"][n - 1])
+            if n < len(b):
                 break
-            end = int(fit[-1])
-            if len(fit) < len(ends):
-                break
+            error = res.error
         return buf, start, end
 
     # -- timestamps -------------------------------------------------------------------------

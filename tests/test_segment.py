@@ -17,7 +17,7 @@ import pytest
 from conftest import batch_spans, v2_header
 from segstore import _core
 from segstore.config import TopicConfig
-from segstore.errors import InvalidOffsetError
+from segstore.errors import CorruptRecordError, InvalidOffsetError
 from segstore.loader import recover_segment
 from segstore.segment import LogSegment, segment_paths
 
@@ -206,6 +206,32 @@ def test_reads(tmp_path):  # REF §7 #15
     # exactly two batches
     assert seg.read_range(50, sizes[0] + sizes[1])[1:] == (0, sizes[0] + sizes[1])
     assert seg.read_range(50, 10**6, max_position=sizes[0])[1:] == (0, sizes[0])
+    # end_offset: no batch starting at or after it; one holding offsets below it is kept
+    assert seg.read_range(50, 10**6, end_offset=60)[1:] == (0, sizes[0])
+    assert seg.read_range(50, 10**6, end_offset=57)[1:] == (0, sizes[0])  # in a gap
+    assert seg.read_range(50, 10**6, end_offset=61)[1:] == (0, sizes[0] + sizes[1])
+    assert seg.read_range(62, 10**6, end_offset=61)[1:] == (sizes[0], sizes[0] + sizes[1])
+
+
+def test_reads_stop_before_damage_they_do_not_need(tmp_path):
+    """translate_offset and read_range raise for a damaged batch only when they need it."""
+    seg = segment(tmp_path)
+    parts = [enc(0, 2), enc(2, 2), enc(4, 2)]
+    for p in parts:
+        seg.append(*p)
+    damaged = len(parts[0][0]) + len(parts[1][0])
+    with open(seg.log_path, "r+b") as f:  # an unknown magic in the third batch
+        f.seek(damaged + 16)
+        f.write(b"\x07")
+    assert int(seg.translate_offset(3)["position"]) == len(parts[0][0])
+    assert seg.read_range(0, 1)[1:] == (0, len(parts[0][0]))
+    assert seg.read_range(0, damaged)[1:] == (0, damaged)
+    assert seg.read_range(0, 10**6, end_offset=4)[1:] == (0, damaged)
+    for reaching in (lambda: seg.translate_offset(4), lambda: seg.read_range(0, damaged + 1),
+                     lambda: seg.read_range(0, 10**6, end_offset=5)):
+        with pytest.raises(CorruptRecordError) as e:
+            reaching()
+        assert (e.value.file, e.value.position) == (seg.log_path, damaged)
 
 
 def test_read_next_offset(tmp_path):  # REF §7 #20
