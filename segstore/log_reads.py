@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _core
 from .columns import RecordColumns
-from .errors import InvalidOffsetError, OffsetOutOfRangeError
+from .errors import CorruptRecordError, InvalidOffsetError, OffsetOutOfRangeError
 from .log_state import LogState as _State
 from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
                       OffsetAndTimestamp)
@@ -59,7 +59,7 @@ class LogReads:
         for seg in self._segments_from(st, offset):
             if end_offset is not None and seg.base_offset >= end_offset:
                 break
-            rng = seg.read_range(offset, budget, min_one_message=not out)
+            rng = seg.read_range(offset, budget, min_one_message=not out, end_offset=end_offset)
             if rng is None:
                 continue
             buf, start, end = rng
@@ -87,7 +87,8 @@ class LogReads:
         self._check_read_offset(offset, st)
         end = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
         sources = []
-        for seg in self._segments_from(st, offset):
+        segs = self._segments_from(st, offset)
+        for i, seg in enumerate(segs):
             if seg.base_offset >= end:
                 break
             start = 0
@@ -97,6 +98,9 @@ class LogReads:
                     continue
                 start = int(first["position"])
             size = seg.size  # read once: appends may grow it meanwhile
+            if i + 1 == len(segs) or segs[i + 1].base_offset >= end:
+                # The range ends in this segment: decode (and so check) nothing after its end.
+                size = min(size, _end_position(seg, end, start))
             if size > start:
                 buf = seg.buffer(size)
                 # Pages of a shared file mapping can be dropped once decoded (see _core).
@@ -136,7 +140,7 @@ class LogReads:
         if timestamp_ms < 0:
             raise InvalidOffsetError(f"unsupported timestamp {timestamp_ms}")
         for seg in st.segments:
-            if seg.size == 0 or seg.largest_timestamp < timestamp_ms:
+            if seg.size == 0 or not _may_hold_timestamp(seg, timestamp_ms):
                 continue
             entry_ts, off = seg.time_index.lookup(timestamp_ms)
             if entry_ts >= 0:
@@ -149,13 +153,16 @@ class LogReads:
             first = seg.translate_offset(start)
             if first is None:
                 continue
-            b = seg.scan(int(first["position"])).batches
+            res = seg.scan(int(first["position"]), strict=True, raise_on_corrupt=False)
+            b = res.batches
             for row in b[b["max_timestamp"] >= timestamp_ms]:
                 for r in _core.decode_records(seg.buffer(), int(row["position"]),
                                               int(row["position"] + row["size"]),
-                                              min_offset=st.log_start_offset):
+                                              min_offset=st.log_start_offset, file=seg.log_path):
                     if r.timestamp >= timestamp_ms:
                         return OffsetAndTimestamp(r.offset, r.timestamp, None)
+            if res.error is not None:
+                raise res.error  # the damaged batch may hold the answer
         return None
 
     def _max_timestamp_offset(self, st: _State) -> Optional[OffsetAndTimestamp]:
@@ -173,3 +180,24 @@ class LogReads:
                 if r.timestamp == ts:
                     return OffsetAndTimestamp(r.offset, ts, None)
         return OffsetAndTimestamp(int(b[b["max_timestamp"] == ts]["last_offset"][0]), ts, None)
+
+
+def _end_position(seg, end_offset: int, start: int) -> int:
+    """Where the batches of ``seg`` holding offsets below ``end_offset`` end (scanning from
+    ``start``); the lookup is for ``end_offset - 1``, so it never needs the batch after them."""
+    last = seg.translate_offset(end_offset - 1, start)
+    if last is None:
+        return seg.size
+    # In a gap the batch found starts past the range; a legacy compressed wrapper (base
+    # offset -1) may hold offsets below the end, so it is kept.
+    kept = int(last["size"]) if last["base_offset"] < end_offset else 0
+    return int(last["position"]) + kept
+
+
+def _may_hold_timestamp(seg, timestamp_ms: int) -> bool:
+    """Whether ``seg`` may hold a record at or after ``timestamp_ms``; a segment whose largest
+    timestamp cannot be read for damage is searched, which raises only if it reaches it."""
+    try:
+        return seg.largest_timestamp >= timestamp_ms
+    except CorruptRecordError:
+        return True
