@@ -1,4 +1,5 @@
-"""A segment's file names and suffixes (Kafka's LogFileUtils and LocalLog file naming, REF §2.1-§2.2).
+"""A segment's file names and suffixes (Kafka's LogFileUtils and LocalLog file naming,
+REF §2.1-§2.2).
 
 A segment's four files share one name, its base offset in 20 digits, with the kind's suffix
 (``.log``, ``.index``, ``.timeindex``, ``.txnindex``). A temporary suffix after that marks a
