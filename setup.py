@@ -4,9 +4,17 @@ SEGSTORE_CYTHON_DEBUG=1 turns bounds, wraparound and initialization checks on, s
 out-of-bounds bug raises IndexError in tests instead of corrupting memory.
 """
 import os
+import subprocess
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+# GCC's default inlining budget leaves the varint readers and record parser as calls inside the
+# per-record loops (a sixth of decode time under perf); a larger budget inlines them.
+GCC_INLINE_PARAMS = ["--param", "max-inline-insns-single=1000", "--param",
+                     "max-inline-insns-auto=200", "--param", "large-function-growth=1000",
+                     "--param", "inline-unit-growth=200"]
 
 DEBUG = os.environ.get("SEGSTORE_CYTHON_DEBUG", "") not in ("", "0")
 
@@ -30,8 +38,29 @@ extensions = [
     )
 ]
 
+
+
+class BuildExt(build_ext):
+    """Adds GCC_INLINE_PARAMS to optimized builds when the compiler is GCC (others skip them)."""
+
+    def build_extensions(self):
+        if not DEBUG and _is_gcc(self.compiler.compiler_so[0]):
+            for ext in self.extensions:
+                ext.extra_compile_args = ext.extra_compile_args + GCC_INLINE_PARAMS
+        super().build_extensions()
+
+
+def _is_gcc(cc: str) -> bool:
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Free Software Foundation" in out.stdout and "clang" not in out.stdout.lower()
+
+
 # The debug build writes its C elsewhere so it never replaces the optimized build's C source.
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=cythonize(
         extensions,
         compiler_directives=directives,

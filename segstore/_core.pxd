@@ -146,7 +146,14 @@ cdef inline int read_varlong(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
     out[0] = <int64_t>((value >> 1) ^ (0 - (value & 1)))
     return ST_OK
 
-# One-byte fast paths: most lengths, deltas and counts in a record are below 64.
+# The general readers, out of line (defined in _core.pyx) so the fast paths below stay small
+# enough for the compiler to inline at each of a record's six varints.
+cdef int read_varint_slow(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+                          int32_t* out) noexcept nogil
+cdef int read_varlong_slow(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+                           int64_t* out) noexcept nogil
+
+# One- and two-byte fast paths: most lengths, deltas and counts in a record are below 8192.
 cdef inline int read_varint_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
                                  int32_t* out) noexcept nogil:
     cdef Py_ssize_t q = pos[0]
@@ -163,7 +170,7 @@ cdef inline int read_varint_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t e
             pos[0] = q + 2
             out[0] = <int32_t>((v >> 1) ^ (0 - (v & 1)))
             return ST_OK
-    return read_varint(b, pos, end, out)
+    return read_varint_slow(b, pos, end, out)
 
 cdef inline int read_varlong_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
                                   int64_t* out) noexcept nogil:
@@ -181,7 +188,7 @@ cdef inline int read_varlong_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t 
             pos[0] = q + 2
             out[0] = <int64_t>((v >> 1) ^ (0 - (v & 1)))
             return ST_OK
-    return read_varlong(b, pos, end, out)
+    return read_varlong_slow(b, pos, end, out)
 
 cdef inline int varint_size(int32_t v) noexcept nogil:
     cdef uint32_t z = (<uint32_t>v << 1) ^ <uint32_t>(v >> 31)

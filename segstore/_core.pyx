@@ -120,6 +120,16 @@ cdef inline const uint8_t* _ptr(const uint8_t[::1] view) noexcept nogil:
     return &view[0]
 
 
+cdef int read_varint_slow(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+                          int32_t* out) noexcept nogil:
+    return read_varint(b, pos, end, out)
+
+
+cdef int read_varlong_slow(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
+                           int64_t* out) noexcept nogil:
+    return read_varlong(b, pos, end, out)
+
+
 include "_hash.pxi"
 include "_scan.pxi"
 include "_decode.pxi"

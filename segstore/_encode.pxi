@@ -505,6 +505,7 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     if st != ST_OK:
         raise InvalidRecordError("column offsets are not increasing or a value exceeds 2 GiB")
     out = PyBytes_FromStringAndSize(NULL, total)  # filled below before anyone sees it
+    _hint_huge_pages(PyBytes_AS_STRING(out), total)
     hdr_arr = np.zeros(nbatches, dtype=BATCH_DTYPE)
     cdef _EncodeJob job = _EncodeJob.__new__(_EncodeJob)
     job.out_obj = out
