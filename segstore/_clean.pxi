@@ -32,9 +32,16 @@ cdef enum:
 cdef int64_t MISSING_VALUE = -0x7FFFFFFFFFFFFFFF - 1   # header strategy: record lacks the header
 
 
+# The probed table starts this small and doubles whenever it is half full, up to `slots`: a map
+# holding few keys in a large buffer stays cache-resident (and touches little memory), while
+# the fill limit and utilization still count the configured slots. Maps of at most this many
+# slots probe exactly as Kafka's SkimpyOffsetMap does.
+cdef int64_t INITIAL_TABLE = 1 << 16   # 1.5 MiB at 24 bytes a slot
+
 cdef struct MapCore:
     uint64_t* mem          # slots × (bpe / 8) words: digest h1, h2, offset[, value]
-    int64_t slots
+    int64_t slots          # the configured capacity: fill limit, utilization
+    int64_t table          # slots probed (a prefix of mem): slots, or fewer after clear(max_keys)
     int64_t words          # words per entry: 3, or 4 when a strategy value is kept
     int64_t entries
     int64_t lookups
@@ -77,11 +84,58 @@ cdef inline int64_t _probe_slot(const MapCore* m, uint64_t h1, uint64_t h2,
     else:
         a = <uint32_t>p
     # slots < 2^32 (the map is at most 2 GiB): a 32-bit modulo is much cheaper.
-    return a % <uint32_t>m.slots
+    return a % <uint32_t>m.table
+
+
+cdef int _map_grow(MapCore* m) noexcept nogil:
+    """Double the probed table (at most to `slots`) and re-place every entry in it."""
+    cdef int64_t old = m.table, i, attempt, slot
+    cdef int64_t new = old * 2 if old * 2 < m.slots else m.slots
+    cdef size_t old_bytes = <size_t>old * <size_t>m.words * 8
+    cdef uint64_t* e
+    cdef uint64_t* d
+    if new <= old:
+        return ST_OK
+    cdef uint64_t* tmp = <uint64_t*>malloc(old_bytes)
+    if tmp == NULL:
+        return ST_NO_MEMORY
+    memcpy(tmp, m.mem, old_bytes)
+    memset(m.mem, 0, old_bytes)   # slots [old, new) were never used since the last clear: zero
+    m.table = new
+    for i in range(old):
+        e = tmp + i * m.words
+        if e[0] == 0 and e[1] == 0 and e[2] == 0:
+            continue
+        attempt = 0
+        slot = _probe_slot(m, e[0], e[1], 0)
+        while True:
+            d = m.mem + slot * m.words
+            if d[0] == 0 and d[1] == 0 and d[2] == 0:
+                memcpy(d, e, m.words * 8)
+                break
+            attempt += 1
+            slot = _probe_slot(m, e[0], e[1], attempt)
+    free(tmp)
+    return ST_OK
+
+
+cdef inline int _map_reserve(MapCore* m, int64_t more) noexcept nogil:
+    """Grow the table until `more` further inserts keep it at most half full (or it is whole)."""
+    cdef int st
+    while m.table < m.slots and m.entries + more > m.table // 2:
+        st = _map_grow(m)
+        if st != ST_OK:
+            return st
+    return ST_OK
 
 
 cdef inline int _map_put(MapCore* m, uint64_t h1, uint64_t h2, int64_t offset, int64_t value,
                          bint update_only) noexcept nogil:
+    cdef int st
+    if not update_only:
+        st = _map_reserve(m, 1)
+        if st != ST_OK:
+            return st
     return _map_put_from(m, h1, h2, _probe_slot(m, h1, h2, 0), offset, value, update_only)
 
 
@@ -95,7 +149,7 @@ cdef inline int _map_put_from(MapCore* m, uint64_t h1, uint64_t h2, int64_t slot
     """
     cdef int64_t attempt = 0, slot
     cdef uint64_t* e
-    if not update_only and m.entries >= m.slots:
+    if not update_only and m.entries >= m.table:
         return ST_MAP_FULL
     m.lookups += 1
     slot = slot0   # attempt 0's slot, computed by the caller (who prefetched it)
@@ -126,7 +180,7 @@ cdef inline int _map_put_from(MapCore* m, uint64_t h1, uint64_t h2, int64_t slot
             m.latest_offset = offset
             return ST_OK
         attempt += 1
-        if update_only and attempt >= m.slots + 12:
+        if update_only and attempt >= m.table + 12:
             return ST_OK
         slot = _probe_slot(m, h1, h2, attempt)
 
@@ -139,7 +193,7 @@ cdef inline int64_t _map_get_from(MapCore* m, uint64_t h1, uint64_t h2,
                                   int64_t slot0) noexcept nogil:
     # Bounded probing: a completely full map answers -1 for an absent key (REF §7 #12).
     cdef int64_t attempt = 0, slot = slot0
-    cdef int64_t limit = m.slots + DIGEST_BYTES - 4
+    cdef int64_t limit = m.table + DIGEST_BYTES - 4
     cdef uint64_t* e
     m.lookups += 1
     while attempt < limit:
@@ -230,6 +284,7 @@ cdef class OffsetMap:
                            "header": STRATEGY_HEADER}[strategy]
         self.m.words = 3 if self.m.strategy == STRATEGY_OFFSET else 4
         self.m.slots = memory // (self.m.words * 8)
+        self.m.table = min(self.m.slots, INITIAL_TABLE)
         if self.m.slots < 1:
             raise ValueError(f"an offset map of {memory} bytes has no slot "
                              f"({self.m.words * 8} bytes each)")
@@ -318,8 +373,11 @@ cdef class OffsetMap:
         cdef uint64_t h1, h2
         self._digest(key, &h1, &h2)
         self._dirty = True
-        if _map_put(&self.m, h1, h2, offset, value, False) == ST_MAP_FULL:
+        cdef int st = _map_put(&self.m, h1, h2, offset, value, False)
+        if st == ST_MAP_FULL:
             raise OverflowError(f"the offset map is full ({self.m.slots} slots)")
+        if st == ST_NO_MEMORY:
+            raise MemoryError("growing the offset map's probed table")
 
     def get(self, key) -> int:
         """The offset mapped for ``key``, or -1."""
@@ -336,6 +394,12 @@ cdef class OffsetMap:
         self._dirty = False
         self.m.entries = self.m.lookups = self.m.probes = 0
         self.m.latest_offset = -1
+        self.m.table = min(self.m.slots, INITIAL_TABLE)
+
+    @property
+    def table_slots(self) -> int:
+        """Slots probed now: the table doubles as it half fills, up to ``slots``."""
+        return self.m.table
 
     cdef StrategyKey _skey(self):
         cdef StrategyKey sk
@@ -453,6 +517,12 @@ cdef int _map_records(MapCore* m, MapBuild* mb, const BatchHeader* h, const uint
     cdef bint update_only = mb.update_only
     while j < n:
         g = n - j if n - j < MAP_GROUP else MAP_GROUP
+        if not update_only:
+            # Grow before hashing the group: its slots are computed for the current table.
+            st = _map_reserve(m, g)
+            if st != ST_OK:
+                mb.messages_read += read
+                return st
         for k in range(g):
             if full_parse:
                 st = parse_record(b, &pos, end, &r)

@@ -210,6 +210,10 @@ class OffsetMap:
     def get(self, key: Buffer) -> int:
         """The mapped offset, or -1."""
     def clear(self) -> None: ...
+    @property
+    def table_slots(self) -> int:
+        """Slots probed now: 65,536 (or ``slots`` if fewer) after a clear, doubling whenever
+        the table is half full, up to ``slots``."""
 
 def build_offset_map(
     omap: OffsetMap,

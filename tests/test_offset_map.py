@@ -7,7 +7,10 @@ MD5); attempt ``i`` reads the big-endian int32 window at digest byte ``min(i, 12
 and reduces modulo the slot count. Every computed slot counts one probe; ``put`` fails on a map
 with ``entries >= slots`` before counting anything; ``get`` gives up after ``slots + 12`` attempts.
 The model's slot choices are compared with the compiled map through the ``probes`` counter, which
-differs as soon as one probe lands elsewhere.
+differs as soon as one probe lands elsewhere. That exactness holds for maps of at most 65,536
+slots; a larger map probes a table that starts at 65,536 slots and doubles whenever it is half
+full (our deliberate difference: few keys in a big buffer stay cache-resident), so for those the
+tests compare contents, limits and counters with a dict instead.
 """
 
 from __future__ import annotations
@@ -377,3 +380,71 @@ def test_a_dedupe_buffer_holds_max_desired_keys():
     m = OffsetMap(134_217_728)
     assert m.slots == 5_592_405
     assert m.max_desired_size == math.floor(5_592_405 * 0.9) == 5_033_164
+
+
+# -- large maps: the growing probed table -----------------------------------------------------
+
+INITIAL_TABLE = 1 << 16
+
+
+def test_a_large_map_grows_its_table_and_keeps_every_mapping():
+    """Contents against a dict through several doublings; stats count the configured slots."""
+    import random
+
+    slots = 1_000_000
+    m = OffsetMap(24 * slots)
+    assert m.slots == slots and m.table_slots == INITIAL_TABLE
+    rnd = random.Random(11)
+    model = {}
+    names = [b"key-%d" % i for i in range(150_000)]
+    for offset in range(400_000):
+        k = names[rnd.randrange(len(names))]
+        m.put(k, offset)
+        model[k] = offset
+        if offset % 50_000 == 0:
+            assert m.table_slots >= min(slots, 2 * m.size)  # never more than half full
+    assert m.size == len(model)
+    # Doubled from 65,536 just often enough to stay at most half full.
+    assert m.table_slots == INITIAL_TABLE * 2 ** math.ceil(math.log2(2 * m.size / INITIAL_TABLE))
+    assert m.table_slots // 4 < m.size <= m.table_slots // 2
+    assert all(m.get(k) == v for k, v in model.items())
+    assert m.get(b"absent") == -1
+    assert m.utilization == m.size / slots
+    assert m.latest_offset == 399_999
+    m.clear()
+    assert (m.size, m.table_slots, m.get(names[0])) == (0, INITIAL_TABLE, -1)
+
+
+def test_a_large_map_fills_at_exactly_its_configured_limit():
+    """Growth never changes when building stops: int(slots x load factor) keys, as Kafka."""
+    slots = 200_003
+    m = OffsetMap(24 * slots, load_factor=0.75)
+    n = 200_000
+    keys_col = _core.encode_columns(
+        _binary([b"v"] * n), _binary([b"k%d" % i for i in range(n)]), 0,
+        records_per_batch=1000).data
+    full, position, read, _ = _core.build_offset_map(m, keys_col, 0, len(keys_col), 0)
+    assert full and read == m.size == m.max_desired_size == int(slots * 0.75)
+    assert m.table_slots == slots  # grown to the whole buffer before the limit
+    assert 0 < position < len(keys_col)
+    assert m.get(b"k0") == 0 and m.get(b"k%d" % (m.size - 1)) == m.size - 1
+    assert m.get(b"k%d" % m.size) == -1
+
+
+def test_a_large_strategy_map_grows_and_keeps_the_larger_values():
+    slots = 300_000
+    m = OffsetMap(32 * slots, strategy="timestamp")
+    model = {}
+    for offset in range(200_000):
+        k = b"s%d" % (offset % 90_000)
+        value = (offset * 7919) % 1000
+        m.put(k, offset, value)
+        if k not in model or value >= model[k][1]:
+            model[k] = (offset, value)
+    assert m.table_slots > INITIAL_TABLE and m.size == len(model)
+    assert all(m.get(k) == off for k, (off, _) in model.items())
+
+
+def _binary(values):
+    from segstore.columns import BinaryColumn
+    return BinaryColumn.from_pylist(values)
