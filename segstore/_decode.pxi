@@ -300,19 +300,35 @@ cdef inline void _hint_huge_pages(void* p, size_t n) noexcept nogil:
         madvise(<void*>a, b - a, MADV_HUGEPAGE)  # advisory: failure changes nothing
 
 
-cdef inline void _release_batch(const Region* reg) noexcept nogil:
-    """Drop this process's page-table entries for the whole pages of a batch read from a
-    shared file mapping: the data stays in the page cache and a later touch maps it again.
-    Done once a batch is copied (fill pass), so the input pages leave the resident set as the
-    output pages arrive: the peak is about max(input, output), not their sum."""
-    if not reg.release:
-        return
-    cdef size_t a = <size_t>(reg.data + reg.header.position)
-    cdef size_t b = a + <size_t>reg.header.size
+cdef size_t RELEASE_BYTES = 4 << 20   # dropped in runs this long: each madvise costs a TLB flush
+
+
+cdef inline void _release_range(size_t a, size_t b) noexcept nogil:
     a = (a + PAGE - 1) & ~(PAGE - 1)
     b = b & ~(PAGE - 1)
     if b > a:
         madvise(<void*>a, b - a, MADV_DONTNEED)
+
+
+cdef inline void _release_batch(const Region* reg, size_t* run_lo, size_t* run_hi,
+                                bint last) noexcept nogil:
+    """Drop this process's page-table entries for the whole pages of copied batches read from
+    a shared file mapping: the data stays in the page cache and a later touch maps it again,
+    so the input pages leave the resident set as the output pages arrive (the peak is about
+    max(input, output), not their sum). Adjacent batches are dropped in runs of
+    RELEASE_BYTES: each madvise interrupts the other core to flush its TLB, and once per
+    batch that cost a tenth of a 1M-record read. `last` flushes the run."""
+    cdef size_t a, b
+    if reg != NULL and reg.release:
+        a = <size_t>(reg.data + reg.header.position)
+        b = a + <size_t>reg.header.size
+        if run_hi[0] != a:  # not adjacent: drop the run so far, start a new one
+            _release_range(run_lo[0], run_hi[0])
+            run_lo[0] = a
+        run_hi[0] = b
+    if last or run_hi[0] - run_lo[0] >= RELEASE_BYTES:
+        _release_range(run_lo[0], run_hi[0])
+        run_lo[0] = run_hi[0] & ~(PAGE - 1)  # the page the run ends in goes with the next run
 
 
 # Per-batch output sizes and start positions of a column decode.
@@ -365,6 +381,7 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
     cdef Py_ssize_t i
     cdef ColumnSink s
     cdef Py_ssize_t err
+    cdef size_t run_lo = 0, run_hi = 0
     for i in range(i0, i1):
         if outs[i].n == 0 or outs[i].n0 >= limit:
             continue
@@ -377,7 +394,8 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
         s.hv_bytes = outs[i].hv0
         decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit, headers, &s,
                               &err)
-        _release_batch(&regs.items[i])
+        _release_batch(&regs.items[i], &run_lo, &run_hi, False)
+    _release_batch(NULL, &run_lo, &run_hi, True)
 
 
 _pool = None
