@@ -24,6 +24,7 @@ from .errors import CorruptIndexError, InvalidOffsetError
 
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
+_PAGE = mmap.PAGESIZE
 
 
 class _AbstractIndex:
@@ -39,6 +40,7 @@ class _AbstractIndex:
         self.writable = writable
         self._lock = threading.Lock()  # serializes the writer's remaps, never taken by lookups
         self._mm: Optional[mmap.mmap] = None
+        self._allocated = 0  # file bytes known to have disk blocks (written by pwrite)
         exists = os.path.exists(path)
         if writable:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -78,6 +80,8 @@ class _AbstractIndex:
     def _map(self, fd: int, length: int) -> None:
         self._mm = mmap.mmap(fd, length) if length else None
         self._length = length
+        # Shrinking frees the blocks past the new end (and growing adds holes).
+        self._allocated = min(self._allocated, length // _PAGE * _PAGE)
         self.max_entries = length // self.entry_size
 
     def _remap(self, length: int) -> bool:
@@ -88,8 +92,8 @@ class _AbstractIndex:
         with self._lock:
             fd = os.open(self.path, os.O_RDWR)
             try:
-                # Entries are written with pwrite, never through the map: nothing to msync
-                # before the length changes (durability is flush()'s job).
+                # Entries stored through the shared map sit in the page cache like pwrite's:
+                # nothing to msync before the length changes (durability is flush()'s job).
                 os.ftruncate(fd, length)
                 self._map(fd, length)
             finally:
@@ -186,14 +190,23 @@ class _AbstractIndex:
             np.empty(0, dtype=dtype)
 
     def _write_at(self, position: int, data: bytes) -> None:
-        # pwrite, not a store through the mapping: the first touch of a page of the sparse,
-        # preallocated file costs a fault and a block allocation (milliseconds on some file
-        # systems), while the shared mapping sees pwrite's bytes through the same page cache.
+        end = position + len(data)
+        mm = self._mm
+        if end <= self._allocated and mm is not None and end <= len(mm):
+            # A page pwrite already gave blocks: a store through the shared mapping costs at
+            # most a minor fault, and skips opening the file for each entry.
+            mm[position:end] = data
+            return
+        # pwrite, not a store through the mapping, for the first entry of a page: the first
+        # touch of a page of the sparse, preallocated file costs a fault and a block
+        # allocation (milliseconds on some file systems), while the shared mapping sees
+        # pwrite's bytes through the same page cache.
         fd = os.open(self.path, os.O_WRONLY)
         try:
             os.pwrite(fd, data, position)
         finally:
             os.close(fd)
+        self._allocated = max(self._allocated, -(-end // _PAGE) * _PAGE)
 
     def _append_array(self, entries: np.ndarray) -> None:
         n = len(entries)

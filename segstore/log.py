@@ -28,6 +28,9 @@ from .log_state import LogState as _State
 from .segment import DELETED_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment
 
 
+_BATCH_FIELDS = _core.BATCH_DTYPE.names
+
+
 class AppendInfo(NamedTuple):
     """What one append wrote (Kafka's LogAppendInfo, trimmed)."""
 
@@ -274,6 +277,10 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             leo = self._state.log_end_offset
             if assigned and int(batches["base_offset"][0]) != leo:
                 raise AssertionError("batches were encoded at another offset than the log end")
+            if assigned and len(batches) == 1:
+                info = self._append_one_locked(buf, batches, now)
+                if info is not None:
+                    return info
             if not assigned:
                 # Assign offsets: rewrite each batch's baseOffset (outside the CRC).
                 deltas = batches["last_offset"] - batches["base_offset"]
@@ -325,6 +332,28 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             self._maybe_flush_locked(now)
         return AppendInfo(first, last, int(batches["max_timestamp"].max()),
                           int(batches["records_count"].sum()), len(buf))
+
+    def _append_one_locked(self, buf, batches, now: int) -> Optional[AppendInfo]:
+        """The common case of one batch, encoded at the log end, that fits the active segment,
+        with scalar arithmetic (the general loop's numpy calls cost more than the write).
+        None when a roll is due: the caller's general path then handles it."""
+        b = dict(zip(_BATCH_FIELDS, batches.tolist()[0]))
+        size, last, max_ts = b["size"], b["last_offset"], b["max_timestamp"]
+        seg = self._state.segments[-1]
+        oi, ti = seg.offset_index, seg.time_index
+        # The general loop's tests, with the log's (possibly just altered) config.
+        if (b["position"] != 0 or size != len(buf) or size > self.config.max_message_bytes
+                or seg.size + size > self.config.segment_bytes
+                or last - seg.base_offset > MAX_RELATIVE_OFFSET
+                or min(oi.max_entries - oi.entries, ti.max_entries - 1 - ti.entries) < 1
+                or seg.should_roll(size, max_ts, last, self._max_segment_ms(), now)):
+            return None
+        self.producer_state.validate(buf, batches)  # fenced epochs, transaction state
+        seg.append(buf, batches)
+        self.producer_state.update(buf, batches, seg)
+        self._state = _State(self._state.segments, self._state.log_start_offset, last + 1)
+        self._maybe_flush_locked(now)
+        return AppendInfo(b["base_offset"], last, max_ts, b["records_count"], size)
 
     def _stamp_log_append_time(self, buf, batches, now):
         # LogAppendTime: set attribute bit 3 and maxTimestamp, then a fresh CRC (REF §3.2).
