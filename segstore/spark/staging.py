@@ -113,10 +113,21 @@ class Stager:
         entry[3] += len(data)
 
     def finish(self) -> tuple:
-        """Close every file; the StagedFile list for the commit message. (The commit fsyncs
-        them: syncing here instead was measured slower, as both tasks then wait on the disk.)"""
+        """Write every file through to disk and close it; the StagedFile list for the commit
+        message. The commit fsyncs again before publishing; syncing here moves the writeback
+        out of the driver's serial commit into the tasks, which run in parallel."""
+        entries = sorted(self._open.items())
+        for _, (f, _, _, _) in entries:
+            f.flush()
+        fds = [f.fileno() for _, (f, _, _, _) in entries]
+        if len(fds) > 1:
+            with ThreadPoolExecutor(min(len(fds), MAX_APPEND_THREADS),
+                                    thread_name_prefix="segstore-stage") as pool:
+                list(pool.map(os.fdatasync, fds))  # fdatasync releases the GIL
+        elif fds:
+            os.fdatasync(fds[0])
         files = []
-        for (topic, partition), (f, name, records, size) in sorted(self._open.items()):
+        for (topic, partition), (f, name, records, size) in entries:
             f.close()
             files.append(StagedFile(topic, partition, name, records, size))
         self._open.clear()
