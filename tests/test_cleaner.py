@@ -1193,7 +1193,7 @@ def test_legacy_tombstones_follow_the_segment_mtime_rule(root, clock):
 
 
 # Regression (found by these tests, fixed in the same session): Loader, not cleaner:
-# recover_segment keeps only consistent_prefix(batches, base) (segment.py:45-53), and scan_batches
+# recover_segment keeps only consistent_prefix(batches, base) (segment_checks.py), and scan_batches
 # reports baseOffset -1 for a legacy compressed wrapper, so `batches['base_offset'] < base_offset`
 # marks the first wrapper bad and the segment is truncated to 0 bytes: a Kafka segment with v0/v1
 # compressed sets loses all its data whenever it is recovered (missing index, unclean shutdown).
