@@ -37,6 +37,9 @@ cdef int64_t MISSING_VALUE = -0x7FFFFFFFFFFFFFFF - 1   # header strategy: record
 # the fill limit and utilization still count the configured slots. Maps of at most this many
 # slots probe exactly as Kafka's SkimpyOffsetMap does.
 cdef int64_t INITIAL_TABLE = 1 << 16   # 1.5 MiB at 24 bytes a slot
+# Growing copies the old table aside: from a table this large the next step goes straight to
+# `slots`, so the copy (and a round's memory beyond its buffer) stays under 32 MiB.
+cdef size_t GROW_SCRATCH_MAX = 32 << 20
 
 cdef struct MapCore:
     uint64_t* mem          # slots × (bpe / 8) words: digest h1, h2, offset[, value]
@@ -92,6 +95,8 @@ cdef int _map_grow(MapCore* m) noexcept nogil:
     cdef int64_t old = m.table, i, attempt, slot
     cdef int64_t new = old * 2 if old * 2 < m.slots else m.slots
     cdef size_t old_bytes = <size_t>old * <size_t>m.words * 8
+    if old_bytes * 2 > GROW_SCRATCH_MAX:
+        new = m.slots
     cdef uint64_t* e
     cdef uint64_t* d
     if new <= old:

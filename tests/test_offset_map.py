@@ -448,3 +448,19 @@ def test_a_large_strategy_map_grows_and_keeps_the_larger_values():
 def _binary(values):
     from segstore.columns import BinaryColumn
     return BinaryColumn.from_pylist(values)
+
+
+def test_growth_jumps_to_the_whole_buffer_before_the_scratch_copy_passes_32_mib():
+    """Growing copies the old table aside; from 16 MiB on, the next step is the whole buffer,
+    so a round never needs more than 32 MiB beyond its dedupe buffer."""
+    slots = 4_000_000                       # 96 MB
+    m = OffsetMap(24 * slots)
+    seen = []
+    for i in range(1_500_000):
+        m.put(b"g%d" % i, i)
+        if not seen or seen[-1] != m.table_slots:
+            seen.append(m.table_slots)
+    assert seen[0] == INITIAL_TABLE and seen[-1] == slots
+    assert all(b == 2 * a for a, b in zip(seen, seen[1:-1]))    # doublings, then one jump
+    assert seen[-2] * 24 * 2 > 32 << 20 >= seen[-2] * 24        # the jump started at <= 32 MiB
+    assert m.get(b"g0") == 0 and m.get(b"g1499999") == 1_499_999
