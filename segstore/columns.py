@@ -209,7 +209,7 @@ class RecordColumns:
                 arrays.append(self.headers.to_arrow())
                 names.append("headers")
             return pa.RecordBatch.from_arrays(arrays, names=names)
-        topic = pa.array([self.topic] * n, type=pa.string()) if n else pa.array([], pa.string())
+        topic = pa.repeat(pa.scalar(self.topic, pa.string()), n)  # one C loop, no Python list
         arrays = [
             self.keys.to_arrow(large=False),
             self.values.to_arrow(large=False),
