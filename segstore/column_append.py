@@ -15,6 +15,7 @@ rejects it before writing anything.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
@@ -38,7 +39,10 @@ def _encoder_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segstore-append")
+            # An append keeps one encode in flight; a worker per core lets appends to
+            # different partitions from several threads encode at the same time.
+            _pool = ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 2),
+                                       thread_name_prefix="segstore-append")
         return _pool
 
 

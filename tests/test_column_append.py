@@ -162,3 +162,36 @@ def test_an_encoding_failure_in_a_later_chunk_stops_cleanly(tmp_path, small_chun
     lg.append_batch([b"after"], timestamps_ms=[T0])
     assert lg.read(leo, max_bytes=1)[0].value == b"after"
     store.close()
+
+
+def test_concurrent_chunked_appends_to_two_partitions(tmp_path, small_chunks):
+    """Appends from two threads share the encoder pool; each log gets exactly its records."""
+    import threading
+
+    store = segstore.open(str(tmp_path), clock=lambda: T0)
+    store.create_topic("t", 2)
+    data = {p: columns(2500, seed=p + 10) for p in (0, 1)}
+    errors = []
+
+    def append(p):
+        try:
+            vals, keys, ts = data[p]
+            lg = store.partition("t", p)
+            for _ in range(3):
+                lg.append_columns(BinaryColumn.from_pylist(vals), BinaryColumn.from_pylist(keys),
+                                  ts, records_per_batch=16)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=append, args=(p,)) for p in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for p in (0, 1):
+        vals, keys, _ = data[p]
+        recs = list(store.partition("t", p).iter_records())
+        assert [(r.offset, r.key, r.value) for r in recs] == [
+            (i, keys[i % 2500], vals[i % 2500]) for i in range(7500)]
+    store.close()
