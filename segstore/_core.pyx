@@ -13,8 +13,7 @@ is the one place a status becomes a CorruptRecordError naming file and position.
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_CheckExact
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from cpython.ref cimport PyObject, Py_INCREF
-from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.ref cimport PyObject
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 

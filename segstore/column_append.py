@@ -103,7 +103,7 @@ def append_columns(lg, values: BinaryColumn, keys: Optional[BinaryColumn], times
         lg._check_writable()
         now = lg.clock()
         ts = now if timestamps_ms is None else timestamps_ms
-        append_time = now if config.message_timestamp_type == "LogAppendTime" else None
+        append_time = lg._log_append_time(now)
         base = lg._state.log_end_offset
 
         def encode(lo: int, hi: int):
