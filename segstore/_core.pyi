@@ -106,7 +106,18 @@ def decode_columns(
     partition: Optional[int] = None,
     file: Optional[str] = None,
 ) -> RecordColumns:
-    """Like decode_records, straight into numpy columns in Arrow layout (control batches skipped)."""
+    """Like decode_records, straight into numpy columns in Arrow layout (control batches skipped).
+
+    Arrays of 1 MiB or more are taken from the buffer pool (segstore.buffer_pool)."""
+
+def buffer_pool_set_limit(nbytes: int) -> int:
+    """Keep at most nbytes of freed column buffers; returns the previous limit."""
+
+def buffer_pool_release() -> int:
+    """Unmap every kept free block; returns the bytes freed."""
+
+def buffer_pool_stats() -> tuple[int, int, int, int, int, int]:
+    """(limit, free_bytes, free_blocks, in_use_bytes, hits, misses)."""
 
 def encode_batch(
     values: Sequence[Optional[Buffer]],

@@ -15,7 +15,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.ref cimport PyObject
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
+from cpython.buffer cimport PyBUF_FORMAT
 
 import gc as _gc
 import mmap as _mmap
@@ -131,6 +132,7 @@ cdef int read_varlong_slow(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
 
 include "_hash.pxi"
 include "_scan.pxi"
+include "_buffer_pool.pxi"
 include "_decode.pxi"
 include "_records.pxi"
 include "_encode.pxi"

@@ -280,26 +280,6 @@ cdef inline int64_t _opt_i64(object v, int64_t default) except? -1:
     return default if v is None else v
 
 
-cdef extern from "sys/mman.h" nogil:
-    int madvise(void* addr, size_t length, int advice)
-    int MADV_DONTNEED
-    int MADV_HUGEPAGE
-
-cdef size_t PAGE = _mmap.PAGESIZE
-cdef size_t HUGE_HINT_MIN = 4 << 20
-
-
-cdef inline void _hint_huge_pages(void* p, size_t n) noexcept nogil:
-    """Ask for transparent huge pages under a large, not yet touched output buffer (as numpy
-    does for its own large arrays): faulting it in then costs 1/512 of the page faults."""
-    if n < HUGE_HINT_MIN:
-        return
-    cdef size_t a = (<size_t>p + PAGE - 1) & ~(PAGE - 1)
-    cdef size_t b = (<size_t>p + n) & ~(PAGE - 1)
-    if b > a:
-        madvise(<void*>a, b - a, MADV_HUGEPAGE)  # advisory: failure changes nothing
-
-
 cdef size_t RELEASE_BYTES = 4 << 20   # dropped in runs this long: each madvise costs a TLB flush
 
 
@@ -549,15 +529,15 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
         # The last kept batch may be cut short: recount its bytes exactly while filling.
         kb, vb, nh, hkb, hvb = _exact_totals(job, n)
     job.limit = n
-    offsets = np.empty(n, dtype=np.int64)
-    timestamps = np.empty(n, dtype=np.int64)
-    ts_types = np.empty(n, dtype=np.int8)
-    key_offsets = np.empty(n + 1, dtype=np.int64)
-    key_valid = np.empty(n, dtype=np.bool_)
-    key_data = np.empty(kb, dtype=np.uint8)
-    value_offsets = np.empty(n + 1, dtype=np.int64)
-    value_valid = np.empty(n, dtype=np.bool_)
-    value_data = np.empty(vb, dtype=np.uint8)
+    offsets = _pool_empty(n, np.int64, 8)
+    timestamps = _pool_empty(n, np.int64, 8)
+    ts_types = _pool_empty(n, np.int8, 1)
+    key_offsets = _pool_empty(n + 1, np.int64, 8)
+    key_valid = _pool_empty(n, np.bool_, 1)
+    key_data = _pool_empty(kb, np.uint8, 1)
+    value_offsets = _pool_empty(n + 1, np.int64, 8)
+    value_valid = _pool_empty(n, np.bool_, 1)
+    value_data = _pool_empty(vb, np.uint8, 1)
     key_offsets[0] = 0
     value_offsets[0] = 0
     cdef ColumnSink* f = &job.sink
