@@ -89,7 +89,9 @@ def decode_records(
     """Every record with ``min_offset <= offset < end_offset`` as ConsumerRecord namedtuples.
 
     v2 and legacy v0/v1 batches (compressed or not) are decoded; control batches are skipped
-    unless ``include_control``. A torn trailing batch is ignored; anything corrupt raises.
+    unless ``include_control``. A torn trailing batch is ignored; anything corrupt raises, but
+    batches are checked in order, only as far as the records wanted reach: with ``max_records``
+    damage after the batch holding the last record returned does not fail the decode.
     """
 
 def decode_columns(

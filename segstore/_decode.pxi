@@ -202,78 +202,61 @@ cdef int decode_region_columns(const Region* reg, const BatchHeader* h, int64_t 
 
 
 cdef class _Regions:
-    """The v2 record regions of a scanned range, with decompressed payloads kept alive."""
+    """The v2 record regions selected so far, with decompressed payloads kept alive."""
     cdef Region* items
     cdef Py_ssize_t n
+    cdef Py_ssize_t cap
     cdef list keep
-    cdef bint has_legacy
 
     def __dealloc__(self):
         free(self.items)
 
 
-cdef _Regions _regions(object obj, const uint8_t[::1] view, _Scan scan, int64_t min_offset,
-                       int64_t end_offset, bint include_control, object file,
-                       bint validate_crc=False):
-    """Select the batches overlapping [min_offset, end_offset) and locate their records."""
-    cdef _Regions regs = _Regions.__new__(_Regions)
-    cdef HeaderVec* vec = &scan.headers.vec
-    regs.items = <Region*>malloc((vec.n if vec.n else 1) * sizeof(Region))
-    if regs.items == NULL:
-        raise MemoryError()
-    regs.n = 0
-    regs.keep = []
-    regs.has_legacy = False
-    cdef Py_ssize_t i
-    cdef BatchHeader* h
-    cdef int codec
+cdef inline object _byte_view(object obj):
+    return memoryview(obj).cast("B") if not isinstance(obj, memoryview) else obj.cast("B")
+
+
+cdef inline bint _batch_crc_ok(const uint8_t* base, object mv, BatchHeader* h):
+    # The compiled CRC-32C when it can run; the package's (or zlib's, for v0/v1) otherwise.
+    return _crc_v2_at(base, h) == 1 or _crc_ok(mv, h)
+
+
+cdef inline bint _skipped(const BatchHeader* h, int64_t min_offset, int64_t end_offset,
+                          bint include_control) noexcept nogil:
+    """Whether a v2 batch holds no record a decode of [min_offset, end_offset) returns."""
+    return (h.last_offset < min_offset or h.base_offset >= end_offset
+            or ((h.attributes & 0x20) != 0 and not include_control))
+
+
+cdef object _region_at(Region* reg, const uint8_t[::1] view, object mv, BatchHeader* h,
+                       Py_ssize_t i, object file):
+    """Locate the records of v2 batch ``h`` (index ``i`` of its scan): in the buffer, or in its
+    payload inflated now. Returns the payload (None when uncompressed) for the caller to keep
+    alive while ``reg`` is used."""
+    cdef int codec = h.attributes & 0x07
     cdef const uint8_t[::1] dview
-    cdef Region* reg
-    cdef bint skip
-    mv = None
-    for i in range(vec.n):
-        h = &vec.items[i]
-        if h.magic < 2:
-            regs.has_legacy = True
-            continue
-        codec = h.attributes & 0x07
-        skip = (h.last_offset < min_offset or h.base_offset >= end_offset
-                or ((h.attributes & 0x20) and not include_control))
-        if validate_crc and (skip or codec != 0):
-            # Every batch of the range is checked; kept, uncompressed ones later, while hot.
-            if mv is None:
-                mv = memoryview(obj).cast("B") if not isinstance(obj, memoryview) else obj.cast("B")
-            if not _crc_ok(mv, h):
-                _raise_status(ST_CRC, h.position, file)
-        if skip:
-            continue
-        reg = &regs.items[regs.n]
-        reg.batch = i
-        reg.header = h
-        reg.source = 0
-        reg.release = False
-        reg.position = h.position
-        reg.crc_pending = validate_crc and codec == 0
-        if codec == 0:
-            reg.data = _ptr(view)
-            reg.start = h.position + V2_HEADER_C
-            reg.end = h.position + h.size
-        elif codec <= 4:
-            if mv is None:
-                mv = memoryview(obj).cast("B") if not isinstance(obj, memoryview) else obj.cast("B")
-            try:
-                payload = _compression.decompress(codec, mv[h.position + V2_HEADER_C:h.position + h.size])
-            except CorruptRecordError as e:
-                raise CorruptRecordError(e.reason, file=file, position=h.position) from None
-            dview = payload
-            regs.keep.append(payload)
-            reg.data = _ptr(dview)
-            reg.start = 0
-            reg.end = dview.shape[0]
-        else:
-            _raise_status(ST_BAD_CODEC, h.position, file, f"codec id {codec}")
-        regs.n += 1
-    return regs
+    reg.batch = i
+    reg.header = h
+    reg.source = 0
+    reg.release = False
+    reg.position = h.position
+    reg.crc_pending = False
+    if codec == 0:
+        reg.data = _ptr(view)
+        reg.start = h.position + V2_HEADER_C
+        reg.end = h.position + h.size
+        return None
+    if codec > 4:
+        _raise_status(ST_BAD_CODEC, h.position, file, f"codec id {codec}")
+    try:
+        payload = _compression.decompress(codec, mv[h.position + V2_HEADER_C:h.position + h.size])
+    except CorruptRecordError as e:
+        raise CorruptRecordError(e.reason, file=file, position=h.position) from None
+    dview = payload
+    reg.data = _ptr(dview)
+    reg.start = 0
+    reg.end = dview.shape[0]
+    return payload
 
 
 cdef inline int64_t _opt_i64(object v, int64_t default) except? -1:
@@ -402,12 +385,15 @@ def _set_parallel_min_bytes(int64_t n):
 cdef class _DecodeJob:
     """State shared by the two halves of a parallel column decode."""
     cdef list mvs          # one byte memoryview per source buffer
-    cdef list keep         # scans and regions whose C arrays the merged regions point into
+    cdef list keep         # scans whose C header arrays the regions point into
     cdef _Regions regs
     cdef int64_t lo, hi, limit
     cdef bint headers
-    cdef BatchOut* outs
+    cdef BatchOut* outs    # one per region, grown with them
     cdef ColumnSink sink
+
+    def __dealloc__(self):
+        free(self.outs)
 
     def count(self, Py_ssize_t i0, Py_ssize_t i1):
         _count_batches(self.mvs, self.regs, i0, i1, self.lo, self.hi, self.headers, self.outs)
@@ -416,6 +402,57 @@ cdef class _DecodeJob:
         with nogil:
             _fill_batches(self.regs, i0, i1, self.lo, self.hi, self.limit, self.headers,
                           &self.sink, self.outs)
+
+
+cdef Region* _new_region(_DecodeJob job) except NULL:
+    """The slot of one more region (with its zeroed BatchOut), growing both arrays as needed;
+    the caller counts it in (``regs.n += 1``) once it is filled."""
+    cdef _Regions regs = job.regs
+    cdef Py_ssize_t cap
+    cdef Region* items
+    cdef BatchOut* outs
+    if regs.n == regs.cap:
+        cap = 64 if regs.cap == 0 else regs.cap * 2
+        items = <Region*>realloc(regs.items, cap * sizeof(Region))
+        if items == NULL:
+            raise MemoryError()
+        regs.items = items
+        outs = <BatchOut*>realloc(job.outs, cap * sizeof(BatchOut))
+        if outs == NULL:
+            raise MemoryError()
+        job.outs = outs
+        memset(&outs[regs.cap], 0, (cap - regs.cap) * sizeof(BatchOut))
+        regs.cap = cap
+    return &regs.items[regs.n]
+
+
+cdef Py_ssize_t _split_point(_Regions regs, Py_ssize_t i0, Py_ssize_t i1) noexcept:
+    """Where regions [i0, i1) are split between two threads; i1 when they are too few bytes
+    for a second thread to pay."""
+    cdef int64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(i0, i1):
+        total += regs.items[i].end - regs.items[i].start
+    if total >= PARALLEL_MIN_BYTES and i1 - i0 >= 2:
+        return i0 + (i1 - i0) // 2
+    return i1
+
+
+cdef int64_t _count_regions(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1, list files) except -1:
+    """Pass 1 over regions [i0, i1): CRC and sizes, raising the first damage in batch order.
+    Returns how many selected records they hold."""
+    cdef Py_ssize_t i, split = _split_point(job.regs, i0, i1)
+    cdef int64_t n = 0
+    if split < i1:
+        other = _second_core(job.count, split, i1)
+        job.count(i0, split)
+        other.result()
+    elif i0 < i1:
+        job.count(i0, i1)
+    for i in range(i0, i1):
+        _raise_status(job.outs[i].status, job.outs[i].err_pos, files[job.regs.items[i].source])
+        n += job.outs[i].n
+    return n
 
 
 def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_offset=None,
@@ -439,85 +476,117 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     """decode_columns over several ``(buffer, start, end, file)`` ranges into one set of columns.
 
     A log's segments decode straight into one allocation: no per-segment columns to concatenate.
+    With ``max_records`` the batches are checked and decoded only up to the one holding the
+    last record returned: damage after it does not fail the decode.
     """
     cdef int64_t lo = _opt_i64(min_offset, -INT64_MAX_C - 1)
     cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C)
     cdef int64_t limit = INT64_MAX_C if max_records is None else max_records
     if limit < 0:
         raise ValueError(f"max_records must be >= 0, got {max_records}")
-    cdef const uint8_t[::1] view
-    cdef Py_ssize_t e, k, j, total_regions = 0
-    cdef _Scan scan
-    cdef _Regions part
-    cdef list parts = []
-    cdef list keep = []
-    cdef list mvs = []
-    files = []
-    for k, src in enumerate(sources):
-        buf, start, end, file = src[:4]
-        release = len(src) > 4 and bool(src[4])
-        view = buf
-        e = _resolve_end(view.shape[0], start, end)
-        scan = _scan(buf, view, start, e, False, -1, strict)
-        _raise_status(scan.status, scan.error_pos, file)
-        part = _regions(buf, view, scan, lo, hi, False, file, validate_crc)
-        if part.has_legacy:
-            return _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc,
-                                   include_headers, topic, partition)
-        for j in range(part.n):
-            part.items[j].source = <int>k
-            # Only uncompressed batches point into the mapping (compressed ones were inflated).
-            part.items[j].release = release and part.items[j].data == _ptr(view)
-        keep.append(scan)
-        keep.append(part)
-        parts.append(part)
-        files.append(file)
-        mvs.append(memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B"))
-        total_regions += part.n
-    # One region list across every source (region structs point into the kept scans).
-    cdef _Regions regs = _Regions.__new__(_Regions)
-    regs.items = <Region*>malloc(max(total_regions, 1) * sizeof(Region))
-    if regs.items == NULL:
-        raise MemoryError()
-    regs.n = 0
-    regs.keep = []
-    for part in parts:
-        if part.n:
-            memcpy(&regs.items[regs.n], part.items, part.n * sizeof(Region))
-            regs.n += part.n
     cdef _DecodeJob job = _DecodeJob.__new__(_DecodeJob)
-    job.mvs = mvs
-    job.keep = keep
+    cdef _Regions regs = _Regions.__new__(_Regions)
+    regs.keep = []
     job.regs = regs
+    job.mvs = []
+    job.keep = []
     job.lo = lo
     job.hi = hi
     job.headers = include_headers
-    outs_arr = np.zeros(max(regs.n, 1) * sizeof(BatchOut), dtype=np.uint8)
-    cdef uint8_t[::1] outs_view = outs_arr
-    job.outs = <BatchOut*>&outs_view[0]
-    cdef Py_ssize_t i, split = regs.n
-    cdef int64_t total_bytes = 0
-    for i in range(regs.n):
-        total_bytes += regs.items[i].end - regs.items[i].start
-    if total_bytes >= PARALLEL_MIN_BYTES and regs.n >= 2:
-        split = regs.n // 2
-    # Pass 1: CRC and sizes.
-    if split < regs.n:
-        other = _second_core(job.count, split, regs.n)
-        job.count(0, split)
-        other.result()
-    else:
-        job.count(0, regs.n)
+    cdef list files = []
+    cdef const uint8_t[::1] view
+    cdef const uint8_t* base
+    cdef Py_ssize_t e, pos, i, k
+    # With max_records the headers are scanned a few batches at a time (more each time), so
+    # the scan stops soon after the batches needed; without, in one go.
+    cdef Py_ssize_t chunk, first_chunk = -1 if max_records is None else 16
+    cdef _Scan scan
+    cdef HeaderVec* vec
+    cdef BatchHeader* h
+    cdef Region* reg
+    cdef int codec
+    cdef bint skip, release
+    # Pass 1 (CRC and sizes) has run over regions [0, counted); those after it hold at most
+    # `bound` records (their headers' counts). A batch is taken only while the records before
+    # it may be fewer than the `need` still wanted, so it is always needed: every kept batch
+    # is checked, and no batch after the last one needed is looked at.
+    cdef int64_t need = limit, bound = 0
+    cdef Py_ssize_t counted = 0
+    for k, src in enumerate(sources):
+        if need <= 0:
+            break
+        buf, start, end, file = src[:4]
+        release = len(src) > 4 and bool(src[4])
+        view = buf
+        base = _ptr(view)
+        e = _resolve_end(view.shape[0], start, end)
+        mv = _byte_view(buf)
+        job.mvs.append(mv)
+        files.append(file)
+        pos = start
+        chunk = first_chunk
+        while need > 0:
+            scan = _scan(buf, view, pos, e, False, chunk, strict)
+            job.keep.append(scan)
+            vec = &scan.headers.vec
+            for i in range(vec.n):
+                h = &vec.items[i]
+                if h.magic < 2:
+                    return _legacy_columns(sources, min_offset, end_offset, max_records,
+                                           validate_crc, include_headers, topic, partition)
+                codec = h.attributes & 0x07
+                skip = _skipped(h, lo, hi, False)
+                # Skipped and compressed batches are checked now; kept uncompressed ones in
+                # pass 1, while their bytes are hot.
+                if validate_crc and (skip or codec != 0) and not _batch_crc_ok(base, mv, h):
+                    _raise_status(ST_CRC, h.position, file)
+                if skip:
+                    continue
+                reg = _new_region(job)
+                payload = _region_at(reg, view, mv, h, i, file)
+                if payload is not None:
+                    regs.keep.append(payload)
+                reg.source = <int>k
+                # Only uncompressed batches point into the mapping (compressed ones were inflated).
+                reg.release = release and codec == 0
+                reg.crc_pending = validate_crc and codec == 0
+                regs.n += 1
+                bound += h.records_count
+                if bound >= need:
+                    need -= _count_regions(job, counted, regs.n, files)
+                    counted = regs.n
+                    bound = 0
+                    if need <= 0:
+                        break
+            if need <= 0:
+                break
+            if scan.status != ST_OK:
+                # The records wanted run on into the damaged batch. Damage in the batches
+                # before it is raised first.
+                _count_regions(job, counted, regs.n, files)
+                _raise_status(scan.status, scan.error_pos, file)
+            if chunk < 0 or vec.n < chunk:
+                break  # the end of this range
+            pos = scan.valid_end
+            chunk = min(chunk * 2, 4096)
+    _count_regions(job, counted, regs.n, files)
     cdef BatchOut* o
+    cdef ColumnSink cut
+    cdef Py_ssize_t err
     cdef int64_t n = 0, kb = 0, vb = 0, nh = 0, hkb = 0, hvb = 0
     for i in range(regs.n):
         o = &job.outs[i]
-        _raise_status(o.status, o.err_pos, files[regs.items[i].source])
         if n >= limit:
             o.n = 0
             continue
         if n + o.n > limit:
-            o.n = limit - n  # the fill pass stops at `limit` records
+            # max_records cuts this batch short: count the bytes of the records it keeps (the
+            # fill pass stops at `limit` records).
+            memset(&cut, 0, sizeof(ColumnSink))
+            decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit - n,
+                                  include_headers, &cut, &err)
+            o.n, o.key_bytes, o.value_bytes = cut.n, cut.key_bytes, cut.value_bytes
+            o.n_headers, o.hk_bytes, o.hv_bytes = cut.n_headers, cut.hk_bytes, cut.hv_bytes
         o.n0, o.k0, o.v0, o.h0, o.hk0, o.hv0 = n, kb, vb, nh, hkb, hvb
         n += o.n
         kb += o.key_bytes
@@ -525,9 +594,6 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
         nh += o.n_headers
         hkb += o.hk_bytes
         hvb += o.hv_bytes
-    if limit < INT64_MAX_C and n == limit and regs.n:
-        # The last kept batch may be cut short: recount its bytes exactly while filling.
-        kb, vb, nh, hkb, hvb = _exact_totals(job, n)
     job.limit = n
     offsets = _pool_empty(n, np.int64, 8)
     timestamps = _pool_empty(n, np.int64, 8)
@@ -570,6 +636,7 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
         f.hv_valid = <uint8_t*>_addr(hv_valid, dummy)
         f.hv_data = <uint8_t*>_addr(hv_data, dummy)
     # Pass 2: copy into place.
+    cdef Py_ssize_t split = _split_point(regs, 0, regs.n)
     if n:
         if split < regs.n:
             other = _second_core(job.fill, split, regs.n)
@@ -594,20 +661,6 @@ cdef size_t _addr(arr, dummy):
         arr = dummy
     cdef uint8_t[::1] v = arr.view(np.uint8)
     return <size_t>&v[0]
-
-
-cdef tuple _exact_totals(_DecodeJob job, int64_t n):
-    """Byte totals of the first n selected records (when max_records cuts a batch short)."""
-    cdef ColumnSink s
-    cdef Py_ssize_t i, err
-    memset(&s, 0, sizeof(ColumnSink))
-    with nogil:
-        for i in range(job.regs.n):
-            if s.n >= n:
-                break
-            decode_region_columns(&job.regs.items[i], job.regs.items[i].header,
-                                  job.lo, job.hi, n, job.headers, &s, &err)
-    return s.key_bytes, s.value_bytes, s.n_headers, s.hk_bytes, s.hv_bytes
 
 
 def _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc, include_headers,

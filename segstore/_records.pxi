@@ -258,35 +258,51 @@ def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
     cdef Py_ssize_t limit = INT64_MAX_C if max_records is None else max_records
     if limit < 0:
         raise ValueError(f"max_records must be >= 0, got {max_records}")
-    # CRCs are checked batch by batch as records are decoded, so a read that stops after a few
-    # records does not validate the rest of its range.
-    cdef _Scan scan = _scan(buf, view, start, e, False, -1, strict)
-    _raise_status(scan.status, scan.error_pos, file)
-    cdef _Regions regs = _regions(buf, view, scan, lo, hi, include_control, file, validate_crc)
+    cdef const uint8_t* base = _ptr(view)
     cdef list out = []
-    cdef Py_ssize_t i, r = 0
-    cdef HeaderVec* vec = &scan.headers.vec
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
+    cdef _Scan scan
+    cdef HeaderVec* vec
+    cdef BatchHeader* h
+    cdef Region reg
+    cdef Py_ssize_t i, pos = start
+    # Batch by batch: each is checked (CRC, header, records) only when the records wanted reach
+    # it, so a read that stops after a few records neither checks nor fails on the rest of its
+    # range. With max_records the headers are scanned a few at a time (more each time) too.
+    cdef Py_ssize_t chunk = -1 if max_records is None else 8
+    mv = _byte_view(buf)
     # The records hold no cycles; without this the collector rescans the growing list again
     # and again (a 1M-record decode took 4x longer with it on).
     gc_was_enabled = _gc.isenabled()
     _gc.disable()
     try:
-        for i in range(vec.n):
+        while len(out) < limit:
+            scan = _scan(buf, view, pos, e, False, chunk, strict)
+            vec = &scan.headers.vec
+            for i in range(vec.n):
+                if len(out) >= limit:
+                    break
+                h = &vec.items[i]
+                if h.magic < 2:
+                    if h.last_offset >= lo:
+                        if validate_crc and not _crc_ok(mv, h):
+                            _raise_status(ST_CRC, h.position, file)
+                        _decode_legacy(out, mv, base, h, lo, hi, limit, validate_crc, topic,
+                                       partition, file)
+                    continue
+                if validate_crc and not _batch_crc_ok(base, mv, h):
+                    _raise_status(ST_CRC, h.position, file)
+                if _skipped(h, lo, hi, include_control):
+                    continue
+                payload = _region_at(&reg, view, mv, h, i, file)  # alive while decoded
+                _decode_region_records(out, &reg, h, lo, hi, limit, topic, partition, file)
             if len(out) >= limit:
                 break
-            if r < regs.n and regs.items[r].batch == i:
-                if regs.items[r].crc_pending and not (
-                        _crc_v2_at(_ptr(view), &vec.items[i]) == 1 or _crc_ok(mv, &vec.items[i])):
-                    _raise_status(ST_CRC, vec.items[i].position, file)
-                _decode_region_records(out, &regs.items[r], &vec.items[i], lo, hi, limit, topic,
-                                       partition, file)
-                r += 1
-            elif vec.items[i].magic < 2 and vec.items[i].last_offset >= lo:
-                if validate_crc and not _crc_ok(mv, &vec.items[i]):
-                    _raise_status(ST_CRC, vec.items[i].position, file)
-                _decode_legacy(out, mv, _ptr(view), &vec.items[i], lo, hi, limit, validate_crc,
-                               topic, partition, file)
+            # The records wanted run on into a damaged batch, if the scan stopped at one.
+            _raise_status(scan.status, scan.error_pos, file)
+            if chunk < 0 or vec.n < chunk:
+                break  # the end of the range (or a torn tail, when not strict)
+            pos = scan.valid_end
+            chunk = min(chunk * 2, 4096)
     finally:
         if gc_was_enabled:
             _gc.enable()

@@ -59,16 +59,19 @@ class LogReads:
         for seg in self._segments_from(st, offset):
             if end_offset is not None and seg.base_offset >= end_offset:
                 break
-            rng = seg.read_range(offset, budget, min_one_message=not out, end_offset=end_offset)
+            left = None if max_records is None else max_records - len(out)
+            rng = seg._read_range(offset, budget, min_one_message=not out, end_offset=end_offset,
+                                  max_records=left)
             if rng is None:
                 continue
-            buf, start, end = rng
+            buf, start, end, damage = rng
             last = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
             recs = _core.decode_records(
-                buf, start, end, min_offset=offset, end_offset=last,
-                max_records=None if max_records is None else max_records - len(out),
+                buf, start, end, min_offset=offset, end_offset=last, max_records=left,
                 topic=self.topic, partition=self.partition, file=seg.log_path, strict=True)
             out.extend(recs)
+            if damage is not None and (left is None or len(recs) < left):
+                raise damage  # the range stopped short of a damaged batch it needs
             budget -= end - start
             if budget <= 0 or (max_records is not None and len(out) >= max_records):
                 break
@@ -100,7 +103,13 @@ class LogReads:
             size = seg.size  # read once: appends may grow it meanwhile
             if i + 1 == len(segs) or segs[i + 1].base_offset >= end:
                 # The range ends in this segment: decode (and so check) nothing after its end.
-                size = min(size, _end_position(seg, end, start))
+                try:
+                    size = min(size, _end_position(seg, end, start))
+                except CorruptRecordError:
+                    if max_records is None:
+                        raise
+                    # Damage before the end: the decode stops short of it if the records
+                    # wanted come first, and raises it otherwise.
             if size > start:
                 buf = seg.buffer(size)
                 # Pages of a shared file mapping can be dropped once decoded (see _core).

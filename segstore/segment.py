@@ -268,6 +268,22 @@ class LogSegment:
         batch boundary, so a reader never sees a cut batch. None when no batch qualifies.
         Damage is raised only where the range would take the damaged batch.
         """
+        rng = self._read_range(start_offset, max_bytes, max_position, min_one_message, end_offset)
+        if rng is not None and rng[3] is not None:
+            raise rng[3]
+        return None if rng is None else rng[:3]
+
+    def _read_range(self, start_offset: int, max_bytes: int, max_position: Optional[int] = None,
+                    min_one_message: bool = True, end_offset: Optional[int] = None,
+                    max_records: Optional[int] = None):
+        """read_range, as (buffer, start, end, damage): ``damage`` is the CorruptRecordError of
+        a batch the range would have taken next (it ends before it), None when the range is
+        whole. Only the caller, once it has decoded the range, knows whether it needed more.
+
+        With ``max_records`` the range also ends once its batches surely hold that many records
+        from ``start_offset`` on (by their headers' counts): a read of a few records does not
+        walk a whole ``max_bytes`` of batches.
+        """
         first = self.translate_offset(start_offset)
         if first is None:
             return None
@@ -280,22 +296,32 @@ class LogSegment:
         stop = MAX_OFFSET if end_offset is None else end_offset
         last = int(first["last_offset"])
         buf = self.buffer(size)
+        held = None  # with max_records: how many records the range surely holds
         error = None
         while end < limit and end - start < max_bytes and last + 1 < stop:
+            if max_records is not None:
+                if held is None:
+                    held = _least_records_of(first, start_offset, stop)
+                if held >= max_records:
+                    break
             if error is not None:
-                raise error  # the damaged batch starts where the range still wants more
+                return buf, start, end, error  # the damaged batch starts where the range wants more
             res = self._scan_ahead(end, limit)
             b = res.batches
             ends = b["position"] + b["size"]
             # A legacy compressed wrapper scans with base offset -1, so it is kept.
             wanted = (ends - start <= max_bytes) & (b["base_offset"] < stop)
             n = len(b) if wanted.all() else int(wanted.argmin())
+            if max_records is not None and n:
+                total = held + np.cumsum(_least_records(b[:n], start_offset, stop))
+                n = min(n, int(np.searchsorted(total, max_records)) + 1)
+                held = int(total[n - 1])
             if n:
                 end, last = int(ends[n - 1]), int(b["last_offset"][n - 1])
             if n < len(b):
                 break
             error = res.error
-        return buf, start, end
+        return buf, start, end, None
 
     # -- timestamps -------------------------------------------------------------------------
     def _load_max_timestamp(self) -> tuple[int, int]:
@@ -594,3 +620,24 @@ class LogSegment:
 
     def __repr__(self) -> str:
         return f"LogSegment(base_offset={self.base_offset}, size={self.size}, path={self.log_path!r})"
+
+
+def _least_records_of(batch, start_offset: int, stop: int) -> int:
+    """:func:`_least_records` of one batch, in plain ints (numpy is slow on one row)."""
+    if batch["magic"] >= 2 and batch["attributes"] & 0x20:
+        return 0
+    outside = (max(start_offset - int(batch["base_offset"]), 0)
+               + max(int(batch["last_offset"]) - stop + 1, 0))
+    return max(int(batch["records_count"]) - outside, 0)
+
+
+def _least_records(batches, start_offset: int, stop: int):
+    """How many records at or after ``start_offset`` and below ``stop`` each batch (scanned
+    header rows) holds at least, by its header: its record count less the offsets it spans
+    outside them (a compacted batch may hold fewer there); none in a control batch, or in a
+    legacy compressed wrapper (its count is unknown, -1)."""
+    count = batches["records_count"].astype(np.int64)
+    outside = (np.maximum(start_offset - batches["base_offset"], 0)
+               + np.maximum(batches["last_offset"] - stop + 1, 0))
+    control = (batches["magic"] >= 2) & ((batches["attributes"] & 0x20) != 0)
+    return np.where(control, 0, np.maximum(count - outside, 0))
