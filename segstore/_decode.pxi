@@ -620,12 +620,12 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     f.value_data = <uint8_t*>_addr(value_data, dummy)
     header_col = None
     if include_headers:
-        hdr_offsets = np.empty(n + 1, dtype=np.int64)
-        hk_offsets = np.empty(nh + 1, dtype=np.int64)
-        hk_data = np.empty(hkb, dtype=np.uint8)
-        hv_offsets = np.empty(nh + 1, dtype=np.int64)
-        hv_valid = np.empty(nh, dtype=np.bool_)
-        hv_data = np.empty(hvb, dtype=np.uint8)
+        hdr_offsets = _pool_empty(n + 1, np.int64, 8)
+        hk_offsets = _pool_empty(nh + 1, np.int64, 8)
+        hk_data = _pool_empty(hkb, np.uint8, 1)
+        hv_offsets = _pool_empty(nh + 1, np.int64, 8)
+        hv_valid = _pool_empty(nh, np.bool_, 1)
+        hv_data = _pool_empty(hvb, np.uint8, 1)
         hdr_offsets[0] = 0
         hk_offsets[0] = 0
         hv_offsets[0] = 0

@@ -198,3 +198,22 @@ def test_environment_limit_applies_at_import():
                           "from segstore import buffer_pool; print(buffer_pool.limit())"],
                          env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "12345"
+
+
+def test_header_columns_come_from_the_pool_too():
+    rng = np.random.default_rng(8)
+    n = 24_000   # 16,000 header values of 100 bytes: 1.6 MB, pooled
+    values = [rng.bytes(8) for _ in range(n)]
+    headers = [[("trace", rng.bytes(100)), ("empty", None)] if i % 3 else [] for i in range(n)]
+    buf = b"".join(
+        _core.encode_batch(values[lo:lo + 1000], headers=headers[lo:lo + 1000], base_offset=lo)
+        for lo in range(0, n, 1000))
+    expected = [r.headers for r in _core.decode_records(buf)]
+    for _ in range(2):
+        before = buffer_pool.stats()
+        cols = _core.decode_columns(buf, include_headers=True)
+        assert cols.headers.to_pylist() == expected
+        after = buffer_pool.stats()
+        assert after.hits + after.misses > before.hits + before.misses  # header values pooled
+        del cols
+    assert buffer_pool.stats().hits > 0
