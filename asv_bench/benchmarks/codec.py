@@ -30,6 +30,7 @@ from segstore.columns import BinaryColumn
 from .common import (
     RECORDS_PER_BATCH,
     best_of_pair,
+    buffer_pool_off,
     bytes_list,
     codec_dataset_cache,
     crc_slices,
@@ -259,11 +260,20 @@ class RatioDecode:
         self.buf = load_log(meta)
         self.batches = split_batches(self.buf, meta)
 
-    def track_ratio_decode_columns_vs_aiokafka(self, meta):
+    def _columns_ratio(self):
         t_aiokafka, t_segstore = best_of_pair(
             lambda: _aiokafka_decode(self.batch_cls, self.batches),
             lambda: _segstore_decode_columns(self.buf), self.repeats)
         return _ratio(t_aiokafka, t_segstore)
+
+    def track_ratio_decode_columns_vs_aiokafka(self, meta):
+        return self._columns_ratio()
+
+    def track_ratio_decode_columns_unpooled_vs_aiokafka(self, meta):
+        """The same with segstore's buffer pool off: every output array in fresh memory (the
+        first read of a process; the track above is the steady state of repeated reads)."""
+        with buffer_pool_off():
+            return self._columns_ratio()
 
     def track_ratio_decode_records_vs_aiokafka(self, meta):
         """Like for like, one batch at a time: both parse, check the CRC, build each record

@@ -14,6 +14,7 @@ Nothing here is a benchmark: no name starts with ``time_``, ``track_``, ``mem_``
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -182,6 +183,17 @@ def bytes_list(matrix: np.ndarray) -> list[bytes]:
     width = matrix.shape[1]
     flat = matrix.tobytes()
     return [flat[i:i + width] for i in range(0, len(flat), width)]
+
+
+@contextlib.contextmanager
+def buffer_pool_off():
+    """Column outputs in fresh memory, as without segstore's buffer pool (restored after)."""
+    from segstore import buffer_pool
+    old = buffer_pool.set_limit(0)
+    try:
+        yield
+    finally:
+        buffer_pool.set_limit(old)
 
 
 def best_of_pair(fa, fb, repeat: int = 3) -> tuple[float, float]:

@@ -58,6 +58,7 @@ from .common import (
     SEED,
     VALUE_SIZE,
     best_of_pair_fresh,
+    buffer_pool_off,
     bytes_list,
     check_aiokafka_batch,
     header_layout,
@@ -529,7 +530,7 @@ class RatioRead:
         self.batch_cls, _ = require_aiokafka()
         self.batches = _load_batches(meta)
 
-    def track_ratio_read_columns_vs_aiokafka(self, meta):
+    def _ratio_vs_aiokafka(self, meta):
         def make_aiokafka():
             return (lambda: _aiokafka_decode(self.batch_cls, self.batches)), None
 
@@ -539,6 +540,15 @@ class RatioRead:
 
         t_aiokafka, t_segstore = best_of_pair_fresh(make_aiokafka, make_segstore, self.repeats)
         return _ratio(t_aiokafka, t_segstore)
+
+    def track_ratio_read_columns_vs_aiokafka(self, meta):
+        return self._ratio_vs_aiokafka(meta)
+
+    def track_ratio_read_columns_unpooled_vs_aiokafka(self, meta):
+        """The same with segstore's buffer pool off: every output array in fresh memory (the
+        first read of a process; the track above is the steady state of repeated reads)."""
+        with buffer_pool_off():
+            return self._ratio_vs_aiokafka(meta)
 
 
 # --------------------------------------------------------------------------------------------
