@@ -361,6 +361,66 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
     _release_batch(NULL, &run_lo, &run_hi, True)
 
 
+cdef enum:
+    MIN_RECORD_BYTES = 7   # length, attributes, timestamp and offset deltas, key and value
+                           # lengths, header count: one byte each at least
+
+
+cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, int64_t hi,
+                     ColumnSink* s, BatchOut* outs) noexcept nogil:
+    """Check and copy regions [i0, i1) in one pass, each batch while its bytes are hot, writing
+    on from the sink's running totals (no counting pass: the arrays were sized by an upper
+    bound). Stops at the first damaged batch, whose status it leaves in ``outs``."""
+    cdef Py_ssize_t i
+    cdef Region* reg
+    cdef const BatchHeader* h
+    cdef size_t run_lo = 0, run_hi = 0
+    for i in range(i0, i1):
+        reg = &regs.items[i]
+        h = reg.header
+        if reg.crc_pending and crc32c_c(reg.data + h.position + 21, h.size - 21) != h.crc:
+            outs[i].status = ST_CRC
+            outs[i].err_pos = h.position
+            break
+        outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, False, s,
+                                               &outs[i].err_pos)
+        if outs[i].status != ST_OK:
+            break
+        _release_batch(reg, &run_lo, &run_hi, False)
+    _release_batch(NULL, &run_lo, &run_hi, True)
+
+
+cdef double TAIL_SHARE = 0.4   # of a large range's bytes, checked and copied in one pass
+
+
+def _set_tail_share(double share):
+    """Tune (or with 0, turn off) the one-pass tail of large column decodes; returns the
+    previous share."""
+    global TAIL_SHARE
+    old = TAIL_SHARE
+    TAIL_SHARE = share
+    return old
+
+
+cdef Py_ssize_t _tail_start(_Regions regs) noexcept:
+    """Where the one-pass tail of a large decode starts (regs.n: no tail). The head is counted
+    by both threads, then copied by one while the other checks and copies the tail: with the
+    head counted twice as fast, a 60/40 split keeps both threads busy to the end."""
+    cdef int64_t total = 0, acc = 0
+    cdef Py_ssize_t i
+    if TAIL_SHARE <= 0 or regs.n < 2:
+        return regs.n
+    for i in range(regs.n):
+        total += regs.items[i].end - regs.items[i].start
+    if total < PARALLEL_MIN_BYTES:
+        return regs.n
+    for i in range(regs.n):
+        if acc >= total * (1.0 - TAIL_SHARE):
+            return i
+        acc += regs.items[i].end - regs.items[i].start
+    return regs.n
+
+
 _pool = None
 
 
@@ -377,9 +437,12 @@ cdef int64_t PARALLEL_MIN_BYTES = 8 << 20   # below this a second thread costs m
 
 
 def _set_parallel_min_bytes(int64_t n):
-    """Tune (or with a huge value, disable) the two-thread split of column decodes."""
+    """Tune (or with a huge value, disable) the two-thread split of column decodes; returns
+    the previous value."""
     global PARALLEL_MIN_BYTES
+    old = PARALLEL_MIN_BYTES
     PARALLEL_MIN_BYTES = n
+    return old
 
 
 cdef class _DecodeJob:
@@ -391,6 +454,7 @@ cdef class _DecodeJob:
     cdef bint headers
     cdef BatchOut* outs    # one per region, grown with them
     cdef ColumnSink sink
+    cdef ColumnSink tail   # the one-pass tail's sink, with its running totals
 
     def __dealloc__(self):
         free(self.outs)
@@ -402,6 +466,10 @@ cdef class _DecodeJob:
         with nogil:
             _fill_batches(self.regs, i0, i1, self.lo, self.hi, self.limit, self.headers,
                           &self.sink, self.outs)
+
+    def fill_tail(self, Py_ssize_t i0, Py_ssize_t i1):
+        with nogil:
+            _fill_tail(self.regs, i0, i1, self.lo, self.hi, &self.tail, self.outs)
 
 
 cdef Region* _new_region(_DecodeJob job) except NULL:
@@ -462,7 +530,8 @@ def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
 
     Two passes over the batches: the first checks each batch's CRC and counts its records and
     bytes, the second copies every batch to its precomputed place. Each pass splits the batches
-    between two threads when the range is large.
+    between two threads when the range is large; then the last batches of a whole-range read
+    are checked and copied in one pass, on the second thread, after the counted ones.
     """
     return decode_columns_multi([(buf, start, end, file)], min_offset=min_offset,
                                 end_offset=end_offset, max_records=max_records,
@@ -539,11 +608,16 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
                 # Skipped and compressed batches are checked now; kept uncompressed ones in
                 # pass 1, while their bytes are hot.
                 if validate_crc and (skip or codec != 0) and not _batch_crc_ok(base, mv, h):
+                    _count_regions(job, counted, regs.n, files)  # damage before it first
                     _raise_status(ST_CRC, h.position, file)
                 if skip:
                     continue
                 reg = _new_region(job)
-                payload = _region_at(reg, view, mv, h, i, file)
+                try:
+                    payload = _region_at(reg, view, mv, h, i, file)
+                except CorruptRecordError:
+                    _count_regions(job, counted, regs.n, files)
+                    raise
                 if payload is not None:
                     regs.keep.append(payload)
                 reg.source = <int>k
@@ -569,12 +643,18 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
                 break  # the end of this range
             pos = scan.valid_end
             chunk = min(chunk * 2, 4096)
-    _count_regions(job, counted, regs.n, files)
+    # A large range read whole (no max_records, no headers) leaves its last batches uncounted:
+    # one thread checks and copies them in a single pass while the other copies the head.
+    cdef Py_ssize_t tail = regs.n
+    if (limit == INT64_MAX_C and not include_headers and counted == 0
+            and (_crc_fn != NULL or not validate_crc)):
+        tail = _tail_start(regs)
+    _count_regions(job, counted, tail, files)
     cdef BatchOut* o
     cdef ColumnSink cut
     cdef Py_ssize_t err
     cdef int64_t n = 0, kb = 0, vb = 0, nh = 0, hkb = 0, hvb = 0
-    for i in range(regs.n):
+    for i in range(tail):
         o = &job.outs[i]
         if n >= limit:
             o.n = 0
@@ -595,15 +675,23 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
         hkb += o.hk_bytes
         hvb += o.hv_bytes
     job.limit = n
-    offsets = _pool_empty(n, np.int64, 8)
-    timestamps = _pool_empty(n, np.int64, 8)
-    ts_types = _pool_empty(n, np.int8, 1)
-    key_offsets = _pool_empty(n + 1, np.int64, 8)
-    key_valid = _pool_empty(n, np.bool_, 1)
-    key_data = _pool_empty(kb, np.uint8, 1)
-    value_offsets = _pool_empty(n + 1, np.int64, 8)
-    value_valid = _pool_empty(n, np.bool_, 1)
-    value_data = _pool_empty(vb, np.uint8, 1)
+    # The tail's sizes are bounded by its batches: no more records than their counts (nor
+    # than fit their bytes, against corrupt counts), no more key or value bytes than theirs.
+    cdef int64_t n_cap = n, kb_cap = kb, vb_cap = vb, tail_bytes
+    for i in range(tail, regs.n):
+        tail_bytes = regs.items[i].end - regs.items[i].start
+        n_cap += min(max(regs.items[i].header.records_count, 0), tail_bytes // MIN_RECORD_BYTES)
+        kb_cap += tail_bytes
+        vb_cap += tail_bytes
+    offsets = _pool_empty(n_cap, np.int64, 8)
+    timestamps = _pool_empty(n_cap, np.int64, 8)
+    ts_types = _pool_empty(n_cap, np.int8, 1)
+    key_offsets = _pool_empty(n_cap + 1, np.int64, 8)
+    key_valid = _pool_empty(n_cap, np.bool_, 1)
+    key_data = _pool_empty(kb_cap, np.uint8, 1)
+    value_offsets = _pool_empty(n_cap + 1, np.int64, 8)
+    value_valid = _pool_empty(n_cap, np.bool_, 1)
+    value_data = _pool_empty(vb_cap, np.uint8, 1)
     key_offsets[0] = 0
     value_offsets[0] = 0
     cdef ColumnSink* f = &job.sink
@@ -637,7 +725,22 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
         f.hv_data = <uint8_t*>_addr(hv_data, dummy)
     # Pass 2: copy into place.
     cdef Py_ssize_t split = _split_point(regs, 0, regs.n)
-    if n:
+    if tail < regs.n:
+        job.tail = job.sink
+        job.tail.n, job.tail.key_bytes, job.tail.value_bytes = n, kb, vb
+        other = _second_core(job.fill_tail, tail, regs.n)
+        if n:
+            job.fill(0, tail)
+        other.result()
+        for i in range(tail, regs.n):
+            _raise_status(job.outs[i].status, job.outs[i].err_pos,
+                          files[regs.items[i].source])
+        n, kb, vb = job.tail.n, job.tail.key_bytes, job.tail.value_bytes
+        offsets, timestamps, ts_types = offsets[:n], timestamps[:n], ts_types[:n]
+        key_offsets, key_valid, key_data = key_offsets[:n + 1], key_valid[:n], key_data[:kb]
+        value_offsets, value_valid = value_offsets[:n + 1], value_valid[:n]
+        value_data = value_data[:vb]
+    elif n:
         if split < regs.n:
             other = _second_core(job.fill, split, regs.n)
             job.fill(0, split)
