@@ -110,6 +110,11 @@ cdef class PooledBuffer:
     def __releasebuffer__(self, Py_buffer* view):
         pass
 
+    def __reduce__(self):
+        # Cython would pickle (and copy.copy) the block pointer as a C string: a second owner
+        # of a bogus block that its deallocator would put in the free list.
+        raise TypeError("a PooledBuffer cannot be pickled or copied (copy the array viewing it)")
+
     def __dealloc__(self):
         if self.ptr != NULL:
             _pool_release(self.ptr, self.size)
@@ -120,13 +125,15 @@ cdef PooledBuffer _pool_acquire(Py_ssize_t nbytes):
     """A block of at least nbytes: the smallest free one that is not wastefully large (at most
     twice the need), else a new mapping."""
     global _n_free, _free_bytes, _in_use_bytes, _hits, _misses
+    # Created first: nothing that could run other code (and free a buffer) comes between
+    # choosing a free block and taking it off the list.
+    cdef PooledBuffer out = PooledBuffer.__new__(PooledBuffer)
     cdef size_t need = _block_size(nbytes)
     cdef int i, best = -1
     for i in range(_n_free):
         if need <= _free_blocks[i].size <= 2 * need and (
                 best < 0 or _free_blocks[i].size < _free_blocks[best].size):
             best = i
-    cdef PooledBuffer out = PooledBuffer.__new__(PooledBuffer)
     cdef void* p
     if best >= 0:
         out.ptr = _free_blocks[best].ptr
@@ -153,7 +160,9 @@ cdef object _pool_empty(Py_ssize_t count, object dtype, Py_ssize_t itemsize):
     cdef Py_ssize_t nbytes = count * itemsize
     if nbytes < POOL_MIN or <size_t>nbytes > _pool_limit:
         return np.empty(count, dtype=dtype)
-    return np.frombuffer(_pool_acquire(nbytes), dtype=dtype, count=count)
+    # The PooledBuffer itself is the array's base (np.frombuffer would put a memoryview there,
+    # and memoryview.release() on it would free the block under the array).
+    return np.ndarray(count, dtype=dtype, buffer=_pool_acquire(nbytes))
 
 
 def buffer_pool_set_limit(Py_ssize_t nbytes):

@@ -1,0 +1,201 @@
+"""Adversarial tests of the buffer pool (review of 07b0ca4 and 1727990).
+
+A pooled block is reused by the next decode as soon as its PooledBuffer dies, so anything that
+lets the PooledBuffer die (or be duplicated) while memory of the block is still used is a
+use-after-free that shows up as another read's data, or a crash. The crash-prone cases run in a
+child interpreter so a failure cannot take the test run down.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from segstore import _core, buffer_pool
+from segstore.columns import BinaryColumn
+
+N = 20_000          # 2 MB of values: pooled
+VALUE = 100
+PARALLEL_DEFAULT = 8 << 20
+
+
+def _encoded(fill: int, n: int = N) -> bytes:
+    values = np.full((n, VALUE), fill, dtype=np.uint8)
+    return _core.encode_columns(BinaryColumn.from_fixed(values), None,
+                                np.arange(n, dtype=np.int64), records_per_batch=500).data
+
+
+def _pooled_buffer(arr):
+    """The PooledBuffer under a pooled array (whatever object numpy keeps as its base)."""
+    base = arr.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool():
+    old = buffer_pool.set_limit(buffer_pool.DEFAULT_LIMIT)
+    buffer_pool.release()
+    yield
+    _core._set_parallel_min_bytes(PARALLEL_DEFAULT)
+    buffer_pool.set_limit(old)
+    buffer_pool.release()
+
+
+def _run_child(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ))
+
+
+# -- PooledBuffer objects must not be duplicated -------------------------------------------------
+
+def test_pooled_buffers_cannot_be_pickled_or_copied():
+    """Cython's automatic pickling turned the block pointer into bytes (a C string: strlen on
+    NULL crashed, on a live block it read to the first zero byte) and unpickled it as a
+    pointer into a temporary bytes object, which the copy's deallocator then put in the free
+    list (to be written by the next decode) and subtracted from in_use_bytes a second time."""
+    out = _run_child("""
+        import copy, pickle
+        import numpy as np
+        from segstore import _core, buffer_pool
+        from segstore.columns import BinaryColumn
+        values = np.full((20000, 100), 7, dtype=np.uint8)
+        buf = _core.encode_columns(BinaryColumn.from_fixed(values), None,
+                                   np.arange(20000, dtype=np.int64)).data
+        cols = _core.decode_columns(buf)
+        base = cols.values.data.base
+        pb = base.obj if isinstance(base, memoryview) else base
+        for what, dup in [("pickle", lambda o: pickle.loads(pickle.dumps(o))),
+                          ("copy", copy.copy), ("deepcopy", copy.deepcopy)]:
+            for obj in (pb, _core.PooledBuffer()):
+                try:
+                    dup(obj)
+                except TypeError:
+                    continue
+                print("duplicated by", what)
+        assert buffer_pool.stats().in_use_bytes > 0
+        del cols, base, pb
+        s = buffer_pool.stats()
+        assert s.in_use_bytes == 0, s
+        print("ok")
+        """)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ok"], out.stdout
+
+
+# -- nothing but the PooledBuffer's death returns a block ----------------------------------------
+
+def test_releasing_the_array_base_does_not_free_the_block():
+    """np.frombuffer made a memoryview the array's base; memoryview.release() on it dropped the
+    last reference to the PooledBuffer while the array still pointed into its block, so the
+    next decode wrote into the array (and an eviction unmapped it under the array)."""
+    out = _run_child("""
+        import numpy as np
+        from segstore import _core, buffer_pool
+        from segstore.columns import BinaryColumn
+        def enc(fill):
+            values = np.full((20000, 100), fill, dtype=np.uint8)
+            return _core.encode_columns(BinaryColumn.from_fixed(values), None,
+                                        np.arange(20000, dtype=np.int64)).data
+        arr = _core.decode_columns(enc(7)).values.data
+        base = arr.base
+        if hasattr(base, "release"):
+            base.release()
+        del base
+        other = _core.decode_columns(enc(9))
+        assert (arr == 7).all(), "the array's block was handed to another decode"
+        del other
+        buffer_pool.release()
+        assert (arr == 7).all()
+        print("ok")
+        """)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ok"], out.stdout
+
+
+@pytest.mark.parametrize("how", ["slice", "view", "asarray", "memoryview", "arrow", "reshape",
+                                 "strided", "np_array_nocopy", "from_buffers"])
+def test_every_derived_view_keeps_its_block(how):
+    """Derived views and exports hold the block after the columns and the array are gone."""
+    cols = _core.decode_columns(_encoded(7))
+    arr = cols.values.data
+    derive = {
+        "slice": lambda a: a[10:],
+        "view": lambda a: a.view(np.int8),
+        "asarray": lambda a: np.asarray(a),
+        "memoryview": lambda a: memoryview(a),
+        "arrow": lambda a: pa.py_buffer(a),
+        "reshape": lambda a: a.reshape(N, VALUE),
+        "strided": lambda a: a[::3],
+        "np_array_nocopy": lambda a: np.array(a, copy=False),
+        "from_buffers": lambda a: pa.Array.from_buffers(pa.uint8(), len(a), [None, pa.py_buffer(a)]),
+    }[how]
+    derived = derive(arr)
+    del cols, arr
+    gc.collect()
+    assert buffer_pool.stats().in_use_bytes > 0
+    other = [_core.decode_columns(_encoded(9)) for _ in range(2)]
+    buffer_pool.release()
+    data = np.asarray(derived.to_numpy(zero_copy_only=True) if how == "from_buffers"
+                      else memoryview(derived) if how == "arrow" else derived)
+    assert (data.view(np.uint8) == 7).all()
+    del other
+    del derived, data
+    gc.collect()
+    assert buffer_pool.stats().in_use_bytes == 0
+
+
+def test_accounting_is_exact_through_many_reuses():
+    """in_use_bytes and free_bytes add up to what was mapped and kept, always."""
+    bufs = [_encoded(i, n=N + 3000 * i) for i in range(4)]
+    live = []
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        if live and rng.random() < 0.5:
+            live.pop(int(rng.integers(len(live))))
+        else:
+            live.append(_core.decode_columns(bufs[int(rng.integers(4))]))
+        s = buffer_pool.stats()
+        pooled = {id(_pooled_buffer(a)): _pooled_buffer(a) for c in live
+                  for a in (c.values.data, c.offsets, c.timestamps_ms, c.values.offsets)
+                  if a.base is not None}
+        # every pooled block is a whole number of pages and counted once
+        assert s.in_use_bytes % _core_page() == 0
+        assert s.in_use_bytes >= sum(memoryview(pb).nbytes for pb in pooled.values())
+        assert s.free_bytes <= s.limit_bytes and s.free_blocks <= 64
+        del pooled
+    live.clear()
+    s = buffer_pool.stats()
+    assert s.in_use_bytes == 0
+    assert buffer_pool.release() == s.free_bytes
+    assert buffer_pool.stats().free_bytes == 0 and buffer_pool.stats().free_blocks == 0
+
+
+def _core_page() -> int:
+    import mmap
+    return mmap.PAGESIZE
+
+
+def test_huge_limits_are_accepted_or_refused_cleanly():
+    assert buffer_pool.set_limit((1 << 63) - 1) == buffer_pool.DEFAULT_LIMIT
+    cols = _core.decode_columns(_encoded(3))
+    assert (cols.values.data == 3).all()
+    del cols
+    with pytest.raises((OverflowError, ValueError)):
+        buffer_pool.set_limit(1 << 64)
+    assert buffer_pool.limit() == (1 << 63) - 1
+
+
+def test_lowering_the_limit_below_a_live_block_unmaps_it_at_release():
+    cols = _core.decode_columns(_encoded(5))
+    in_use = buffer_pool.stats().in_use_bytes
+    buffer_pool.set_limit(1)
+    del cols
+    s = buffer_pool.stats()
+    assert s.free_bytes == 0 and s.free_blocks == 0 and s.in_use_bytes == 0, (s, in_use)
