@@ -20,6 +20,7 @@ from cpython.buffer cimport PyBUF_FORMAT
 
 import gc as _gc
 import mmap as _mmap
+import os as _os
 import time
 import zlib
 

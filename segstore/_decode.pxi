@@ -433,6 +433,16 @@ def _second_core(fn, *args):
     return _pool.submit(fn, *args)
 
 
+def _forget_second_core():
+    # A forked child has the executor but not its thread: work submitted to it never runs.
+    global _pool
+    _pool = None
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_forget_second_core)
+
+
 cdef int64_t PARALLEL_MIN_BYTES = 8 << 20   # below this a second thread costs more than it saves
 
 
@@ -723,7 +733,12 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
         f.hv_offsets = <int64_t*>_addr(hv_offsets, dummy)
         f.hv_valid = <uint8_t*>_addr(hv_valid, dummy)
         f.hv_data = <uint8_t*>_addr(hv_data, dummy)
-    # Pass 2: copy into place.
+    # Pass 2: copy into place. The job holds the arrays its sink points into: if the wait for
+    # the other thread is interrupted, they outlive this call until that thread is done.
+    job.keep.append((offsets, timestamps, ts_types, key_offsets, key_valid, key_data,
+                     value_offsets, value_valid, value_data))
+    if include_headers:
+        job.keep.append((hdr_offsets, hk_offsets, hk_data, hv_offsets, hv_valid, hv_data))
     cdef Py_ssize_t split = _split_point(regs, 0, regs.n)
     if tail < regs.n:
         job.tail = job.sink

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -199,3 +201,93 @@ def test_lowering_the_limit_below_a_live_block_unmaps_it_at_release():
     del cols
     s = buffer_pool.stats()
     assert s.free_bytes == 0 and s.free_blocks == 0 and s.in_use_bytes == 0, (s, in_use)
+
+
+# -- fork -----------------------------------------------------------------------------------------
+
+def test_a_forked_child_decodes_with_two_threads():
+    """The second decode thread does not exist in a forked child, but the executor object that
+    ran it does: the child's first parallel decode (>= 8 MB, two or more batches) queued its
+    half behind a thread that would never take it, and waited forever. (multiprocessing
+    forks by default on Linux up to Python 3.13.)"""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork")
+    buf = _encoded(4, n=100_000)   # 10 MB: a two-thread decode
+    cols = _core.decode_columns(buf)   # the parent starts its decode thread
+    assert (cols.values.data == 4).all()
+    kept = buffer_pool.stats()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            # The inherited blocks: the live one still holds the parent's data, and a new
+            # decode in the child (pooled or not) is right.
+            again = _core.decode_columns(buf)
+            code = 0 if ((again.values.data == 4).all() and (cols.values.data == 4).all()
+                         and buffer_pool.stats().in_use_bytes >= kept.in_use_bytes) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 10
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's column decode hung")
+        time.sleep(0.02)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's pool is untouched by what the child did.
+    assert buffer_pool.stats().in_use_bytes == kept.in_use_bytes
+    assert (cols.values.data == 4).all()
+
+
+# -- an interrupted two-thread decode ------------------------------------------------------------
+
+class _Interrupted:
+    """A future whose result() is interrupted (as Ctrl-C interrupts a wait) before the work
+    finishes."""
+
+    def __init__(self, fut):
+        self.fut = fut
+
+    def result(self):
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_decode_keeps_its_arrays_until_its_thread_is_done(monkeypatch):
+    """When the wait for the second thread's fill is interrupted, the decode unwinds and drops
+    its output arrays while that thread still writes into them through raw pointers: their
+    blocks went back to the pool, the next decode got them, and the late writes landed in its
+    result (or, for an evicted or unpooled block, in unmapped memory)."""
+    _core._set_parallel_min_bytes(0)        # always two threads
+    gate = threading.Event()
+    futures = []
+    real = _core._second_core
+
+    def second_core(fn, *args):
+        if getattr(fn, "__name__", "") != "fill":
+            return real(fn, *args)
+
+        def late(*a):
+            gate.wait(20)
+            fn(*a)
+        futures.append(real(late, *args))
+        return _Interrupted(futures[-1])
+
+    monkeypatch.setattr(_core, "_second_core", second_core)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _core.decode_columns(_encoded(7))
+    finally:
+        monkeypatch.setattr(_core, "_second_core", real)
+    # The next decode runs on one thread (the decode thread is busy with the late fill).
+    _core._set_parallel_min_bytes(1 << 62)
+    other = _core.decode_columns(_encoded(9))
+    gate.set()
+    futures[0].result(timeout=20)
+    assert (other.values.data == 9).all(), "a late write of the interrupted decode landed here"
+    del other
+    gc.collect()
+    assert buffer_pool.stats().in_use_bytes == 0
