@@ -144,6 +144,11 @@ cdef PooledBuffer _pool_acquire(Py_ssize_t nbytes):
         _hits += 1
     else:
         p = c_mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if p == MAP_FAILED and _n_free:
+            # Out of address space or memory: give back what the pool keeps, then try again.
+            while _n_free:
+                _evict_oldest()
+            p = c_mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
         if p == MAP_FAILED:
             raise MemoryError(f"segstore: cannot map {need} bytes for a column buffer")
         _hint_huge_pages(p, need)

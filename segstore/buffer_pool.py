@@ -24,6 +24,7 @@ from .errors import InvalidConfigError
 
 ENV_LIMIT = "SEGSTORE_BUFFER_POOL_BYTES"
 DEFAULT_LIMIT = 256 << 20
+MAX_LIMIT = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ def set_limit(nbytes: int) -> int:
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
         raise TypeError(f"buffer pool limit must be an int, got {type(nbytes).__name__}")
-    if nbytes < 0:
-        raise ValueError(f"buffer pool limit must be >= 0, got {nbytes}")
+    if not 0 <= nbytes <= MAX_LIMIT:
+        raise ValueError(f"buffer pool limit must be between 0 and {MAX_LIMIT}, got {nbytes}")
     return _core.buffer_pool_set_limit(nbytes)
 
 
@@ -73,9 +74,9 @@ def _limit_from_env(environ=os.environ) -> int:
         value = int(raw.strip())
     except ValueError:
         value = -1
-    if value < 0:
+    if not 0 <= value <= MAX_LIMIT:
         raise InvalidConfigError(
-            f"{ENV_LIMIT} must be a whole number of bytes >= 0, got {raw!r}")
+            f"{ENV_LIMIT} must be a whole number of bytes from 0 to {MAX_LIMIT}, got {raw!r}")
     return value
 
 

@@ -189,7 +189,7 @@ def test_read_columns_uses_the_pool(tmp_path):
         assert buffer_pool.stats().hits > before.hits
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "1", True])
+@pytest.mark.parametrize("bad", [-1, 1.5, "1", True, 1 << 63, 1 << 64])
 def test_set_limit_rejects_bad_values(bad):
     with pytest.raises((TypeError, ValueError)):
         buffer_pool.set_limit(bad)
@@ -199,7 +199,7 @@ def test_limit_from_the_environment():
     assert buffer_pool._limit_from_env({}) == buffer_pool.DEFAULT_LIMIT
     assert buffer_pool._limit_from_env({buffer_pool.ENV_LIMIT: " 0 "}) == 0
     assert buffer_pool._limit_from_env({buffer_pool.ENV_LIMIT: "1048576"}) == 1 << 20
-    for bad in ("-5", "lots", "1e9"):
+    for bad in ("-5", "lots", "1e9", str(1 << 63), str(1 << 64)):
         with pytest.raises(InvalidConfigError, match=buffer_pool.ENV_LIMIT):
             buffer_pool._limit_from_env({buffer_pool.ENV_LIMIT: bad})
 

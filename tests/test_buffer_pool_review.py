@@ -261,13 +261,13 @@ def test_an_interrupted_decode_keeps_its_arrays_until_its_thread_is_done(monkeyp
     its output arrays while that thread still writes into them through raw pointers: their
     blocks went back to the pool, the next decode got them, and the late writes landed in its
     result (or, for an evicted or unpooled block, in unmapped memory)."""
-    _core._set_parallel_min_bytes(0)        # always two threads
+    old_min = _core._set_parallel_min_bytes(0)        # always two threads
     gate = threading.Event()
     futures = []
     real = _core._second_core
 
     def second_core(fn, *args):
-        if getattr(fn, "__name__", "") != "fill":
+        if getattr(fn, "__name__", "") not in ("fill", "fill_tail"):
             return real(fn, *args)
 
         def late(*a):
@@ -284,7 +284,10 @@ def test_an_interrupted_decode_keeps_its_arrays_until_its_thread_is_done(monkeyp
         monkeypatch.setattr(_core, "_second_core", real)
     # The next decode runs on one thread (the decode thread is busy with the late fill).
     _core._set_parallel_min_bytes(1 << 62)
-    other = _core.decode_columns(_encoded(9))
+    try:
+        other = _core.decode_columns(_encoded(9))
+    finally:
+        _core._set_parallel_min_bytes(old_min)
     gate.set()
     futures[0].result(timeout=20)
     assert (other.values.data == 9).all(), "a late write of the interrupted decode landed here"
