@@ -138,6 +138,11 @@ class BatchRouter:
 
     def _partitions(self, batch, topics: list, topic_idx: np.ndarray, keys) -> np.ndarray:
         n = batch.num_rows
+        infos = [self.info(t) for t in topics]
+        if self.layout.partition is None and keys is not None and len(infos) == 1:
+            # The common case, one topic and keys: murmur2 alone (-1 marks null keys).
+            part = _core.murmur2_partitions(keys, infos[0].partitions)
+            return self._sticky_nulls(part, np.array([infos[0].partitions]), topic_idx)
         part = np.full(n, -1, dtype=np.int32)
         given = None
         if self.layout.partition is not None:
@@ -145,7 +150,6 @@ class BatchRouter:
             given = col.is_valid().to_numpy(zero_copy_only=False)
             vals = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
             part[given] = vals[given]
-        infos = [self.info(t) for t in topics]
         counts = np.array([i.partitions for i in infos], dtype=np.int64)
         if given is not None and given.any():
             bad = given & ((vals < 0) | (vals >= counts[topic_idx]))
@@ -164,9 +168,14 @@ class BatchRouter:
                 hashed = _core.murmur2_partitions(keys, int(count))
                 rows = todo if len(per_topic) == 1 else todo & (counts[topic_idx] == count)
                 part[rows] = hashed[rows]
-            todo = part < 0
+        return self._sticky_nulls(part, counts, topic_idx)
+
+    def _sticky_nulls(self, part: np.ndarray, counts: np.ndarray,
+                      topic_idx: np.ndarray) -> np.ndarray:
+        """Rows still at -1 (null keys): one sticky partition per input batch, moving on with
+        each batch."""
+        todo = part < 0
         if todo.any():
-            # Null keys: one sticky partition per input batch, moving on each batch.
             self._sticky += 1
             part[todo] = (self._sticky % counts[topic_idx[todo]]).astype(np.int32)
         return part
@@ -188,20 +197,25 @@ class BatchRouter:
         # Rows are grouped by (topic, partition) with a stable sort on one small integer per
         # row (numpy sorts 16-bit keys by radix), then encoded through `order`: no row copy.
         width = int(part.max()) + 1
-        group = topic_idx.astype(np.int64) * width + part
+        group = part if len(topics) == 1 else topic_idx.astype(np.int64) * width + part
         now = int(time.time() * 1000)
-        if (group == group[0]).all():
-            order, runs = None, [(0, n)]
+        if len(topics) * width <= 1 << 15:
+            counts = np.bincount(group, minlength=len(topics) * width)
+            groups = np.flatnonzero(counts)
+            ends = np.cumsum(counts[groups])
+            runs = list(zip(groups.tolist(), (ends - counts[groups]).tolist(), ends.tolist()))
+            order = (None if len(runs) == 1
+                     else np.argsort(group.astype(np.int16), kind="stable"))
+        elif (group == group[0]).all():
+            order, runs = None, [(int(group[0]), 0, n)]
         else:
-            order = np.argsort(group.astype(np.int16) if len(topics) * width <= 1 << 15
-                               else group, kind="stable")
+            order = np.argsort(group, kind="stable")
             group = group[order]
             cuts = np.flatnonzero(np.diff(group)) + 1
             edges = [0, *cuts.tolist(), n]
-            runs = list(zip(edges, edges[1:]))
+            runs = [(int(group[a]), a, b) for a, b in zip(edges, edges[1:])]
         values = binary_column(values_arr)
-        for a, b in runs:
-            g = int(group[a])
+        for g, a, b in runs:
             topic, partition = topics[g // width], g % width
             info = self.info(topic)
             rows = None if order is None else order[a:b]

@@ -68,8 +68,7 @@ class SegstoreDataSource(DataSource):
                 "topic with segstore first")
         opts = WriteOptions.parse(self.options, streaming=False)
         layout = check_input_schema(schema, opts)
-        check_topic(opts)
-        return SegstoreWriter(opts, layout)
+        return SegstoreWriter(opts, layout, check_topic(opts))
 
     def streamWriter(self, schema, overwrite: bool):
         """A streaming writer that commits each micro-batch exactly once, even on replay."""

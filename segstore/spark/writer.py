@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Iterator
+from typing import Iterator, Optional
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 
 from ..store import open as open_store
 from . import stores
-from .encode import BatchRouter, InputLayout, topic_info
+from .encode import BatchRouter, InputLayout, TopicInfo, topic_info
 from .ledger import CommitLedger
 from .options import InvalidOptionError, WriteOptions
 from .staging import Stager, StagedCommitMessage, discard_job, publish, task_tag
@@ -68,15 +68,22 @@ def check_input_schema(schema, opts: WriteOptions) -> InputLayout:
                        topic=None if opts.topic is not None else topic, partition=partition)
 
 
-def check_topic(opts: WriteOptions) -> None:
-    """With the ``topic`` option, fail at planning (not in every task) if it does not exist."""
-    if opts.topic is not None:
-        with stores.readonly(opts.path) as store:
-            topic_info(store, opts.topic)
+def check_topic(opts: WriteOptions) -> Optional[TopicInfo]:
+    """With the ``topic`` option, fail at planning (not in every task) if it does not exist;
+    its TopicInfo (None without the option)."""
+    if opts.topic is None:
+        return None
+    with stores.readonly(opts.path) as store:
+        return topic_info(store, opts.topic)
 
 
-def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches) -> StagedCommitMessage:
-    """One task's share of a write: route, encode and stage every input batch."""
+def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches,
+               known: Optional[dict] = None) -> StagedCommitMessage:
+    """One task's share of a write: route, encode and stage every input batch.
+
+    ``known`` maps topics to the TopicInfo read at planning; the task opens the store
+    (read-only, which reads every partition's metadata) only for other topics.
+    """
     tag = task_tag()
     stager = Stager(opts.path, job, tag)
     infos: dict = {}
@@ -85,8 +92,12 @@ def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches) -> St
     def info(topic: str):
         nonlocal store
         if topic not in infos:
-            if store is None:
+            if not infos:  # the first batch: the store must still be there
                 stores.check_store_dir(opts.path)
+            if known is not None and topic in known:
+                infos[topic] = known[topic]
+                return infos[topic]
+            if store is None:
                 store = open_store(opts.path, readonly=True)
             infos[topic] = topic_info(store, topic)
         return infos[topic]
@@ -113,14 +124,20 @@ def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches) -> St
 class SegstoreWriter(DataSourceArrowWriter):
     """Batch writer: every task stages, the driver publishes all or nothing."""
 
-    def __init__(self, opts: WriteOptions, layout: InputLayout):
+    def __init__(self, opts: WriteOptions, layout: InputLayout,
+                 info: Optional[TopicInfo] = None):
         self.opts = opts
         self.layout = layout
         self.job = uuid.uuid4().hex
+        # The ``topic`` option's TopicInfo, read at planning: tasks need not open the store.
+        # A batch job's tasks start moments later; like Kafka's producer, which routes by the
+        # metadata it fetched, they route by the partition count read then (the commit checks
+        # the batches against the topic's limits again).
+        self.known = {opts.topic: info} if info is not None else None
 
     def write(self, iterator) -> StagedCommitMessage:
         """Stage this task's rows (runs in an executor)."""
-        return write_task(self.opts, self.layout, self.job, iterator)
+        return write_task(self.opts, self.layout, self.job, iterator, self.known)
 
     def commit(self, messages) -> None:
         """Publish every staged file to its partition: adopted as a segment, or appended when

@@ -350,3 +350,133 @@ def test_router_matches_a_plain_model_across_topics_and_partitions(root, with_he
             p = kafka_partition(k, counts[t]) if k is not None else 1 % counts[t]
         want.setdefault((t, p), []).append(v)
     assert got == want
+
+
+def test_router_single_topic_keys_and_sticky_null_keys_across_batches(root):
+    """The one-topic, keyed path: murmur2 for keys; null keys share one partition per batch,
+    which moves on with the next batch."""
+    import pyarrow as pa
+
+    router = BatchRouter(InputLayout(value="value", key="key"), "t",
+                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0), sticky_seed=7)
+    null_parts = []
+    for b in range(3):
+        keys = [None if i % 3 == 0 else b"k%d-%d" % (b, i) for i in range(60)]
+        batch = pa.record_batch({"key": pa.array(keys, pa.binary()),
+                                 "value": pa.array([b"v%d" % i for i in range(60)])})
+        got = {p: [(r.key, r.value) for r in _core.decode_records(data)]
+               for _, p, data, _ in router.route(batch)}
+        want = {}
+        for i, k in enumerate(keys):
+            if k is not None:
+                want.setdefault(kafka_partition(k, PARTS), []).append((k, b"v%d" % i))
+        nulls = {p for p, recs in got.items() for k, _ in recs if k is None}
+        assert len(nulls) == 1
+        null_parts.append(nulls.pop())
+        assert {p: [r for r in recs if r[0] is not None] for p, recs in got.items()
+                if any(r[0] is not None for r in recs)} == want
+    assert null_parts == [(7 + b + 1) % PARTS for b in range(3)]
+
+
+# -- staging files ----------------------------------------------------------------------------
+
+def test_stager_starts_writeback_early_and_syncs_every_file(root, monkeypatch):
+    """Each MiB staged starts its writeback at once; finish() fdatasyncs every file, and the
+    files hold exactly the bytes staged."""
+    started, synced = [], []
+    monkeypatch.setattr(staging, "start_writeback",
+                        lambda fd, off, n: started.append((fd, off, n)) or True)
+    real_sync = os.fdatasync
+    monkeypatch.setattr(staging.os, "fdatasync", lambda fd: synced.append(fd) or real_sync(fd))
+    stager = staging.Stager(root, "wb", staging.task_tag())
+    chunk = _core.encode_batch([b"x" * 1000] * 300)  # about 300 kB
+    for i in range(8):
+        stager.add("t", i % 2, chunk, 300)
+    stager.add("t", 3, _core.encode_batch([b"small"]), 1)
+    fds = {p: e.fd for (_, p), e in stager._open.items()}
+    files = stager.finish()
+    assert sorted(synced) == sorted(fds.values())  # every file, whatever its size
+    per_file = 4 * len(chunk)
+    assert [(fd, off) for fd, off, _ in started] == [(fds[0], 0), (fds[1], 0)]
+    assert all(n == per_file for *_, n in started) and per_file >= staging.WRITEBACK_BYTES
+    assert [(f.partition, f.records, f.size) for f in files] == [
+        (0, 1200, per_file), (1, 1200, per_file), (3, 1, len(_core.encode_batch([b"small"])))]
+    for f in files[:2]:
+        with open(os.path.join(stager.dir, f.name), "rb") as fh:
+            assert fh.read() == chunk * 4
+
+
+def test_start_writeback_on_a_real_file(tmp_path):
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.write(b"x" * 5000)
+        f.flush()
+        ok = staging.start_writeback(f.fileno(), 0, 5000)
+    assert ok == (staging._sync_file_range is not None)
+    assert staging.start_writeback(-1, 0, 1) is False  # a bad descriptor is not an error
+
+
+def test_stager_without_sync_file_range_syncs_files_in_parallel(root, monkeypatch):
+    monkeypatch.setattr(staging, "_sync_file_range", None)
+    synced = []
+    real_sync = os.fdatasync
+    monkeypatch.setattr(staging.os, "fdatasync", lambda fd: synced.append(fd) or real_sync(fd))
+    msgs = []
+    stager = staging.Stager(root, "nosfr", staging.task_tag())
+    for p in range(PARTS):
+        stager.add("t", p, _core.encode_batch([b"v%d" % p]), 1)
+    assert staging.start_writeback(0, 0, 1) is False
+    files = stager.finish()
+    assert len(synced) == PARTS and len(files) == PARTS
+    msgs.append(staging.StagedCommitMessage(job="nosfr", task=stager.task, files=files))
+    with segstore.open(root) as store:
+        staging.publish(store, root, "nosfr", msgs)
+    assert end_offsets(root, "t") == {p: 1 for p in range(PARTS)}
+
+
+def test_a_failed_finish_still_lets_discard_close_and_delete(root, monkeypatch):
+    stager = staging.Stager(root, "ff", staging.task_tag())
+    for p in range(2):
+        stager.add("t", p, _core.encode_batch([b"v"]), 1)
+
+    def fail(fd):
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(staging.os, "fdatasync", fail)
+    with pytest.raises(OSError):
+        stager.finish()
+    stager.discard()
+    assert staged(root) == []
+
+
+# -- the topic option's metadata comes from planning ------------------------------------------
+
+def test_tasks_use_the_planning_topic_info_without_opening_the_store(root, monkeypatch):
+    import pyarrow as pa
+
+    from segstore.spark import writer
+    from segstore.spark.options import WriteOptions
+
+    opts = WriteOptions(path=root, topic="t")
+    info = writer.check_topic(opts)
+    assert info == TopicInfo(PARTS, info.max_batch_bytes, info.max_message_bytes, 0)
+    w = writer.SegstoreWriter(opts, InputLayout(value="value", key="key"), info)
+
+    def no_open(*a, **k):
+        raise AssertionError("the task opened the store")
+
+    monkeypatch.setattr(writer, "open_store", no_open)
+    batch = pa.record_batch({"key": pa.array([b"a", b"b"]), "value": pa.array([b"1", b"2"])})
+    msg = w.write(iter([batch]))
+    assert sum(f.records for f in msg.files) == 2
+    w.commit([msg])
+    assert sum(end_offsets(root, "t").values()) == 2
+    assert writer.check_topic(WriteOptions(path=root)) is None
+    # A store removed after planning is still reported as missing, not recreated.
+    import shutil
+
+    shutil.rmtree(root)
+    with pytest.raises(writer.InvalidOptionError, match="does not exist"):
+        writer.SegstoreWriter(opts, InputLayout(value="value", key="key"), info).write(
+            iter([batch]))
+    assert not os.path.exists(root)
