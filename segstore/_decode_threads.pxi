@@ -1,0 +1,241 @@
+# The passes of a large column decode, split over two threads: per-batch sizes and start
+# positions (BatchOut), the counting, copying and one-pass tail kernels, the second thread,
+# and the job both threads share. Included by _decode.pxi; shares _core's namespace.
+
+# Per-batch output sizes and start positions of a column decode.
+cdef struct BatchOut:
+    int status
+    Py_ssize_t err_pos
+    int64_t n, key_bytes, value_bytes, n_headers, hk_bytes, hv_bytes   # sizes
+    int64_t n0, k0, v0, h0, hk0, hv0                                    # where it starts
+
+
+cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
+                        int64_t lo, int64_t hi, bint headers, BatchOut* outs) except -1:
+    """Counting pass over regions [i0, i1): CRC then sizes, per batch (without the GIL unless
+    the crc32c package's routine could not be bound)."""
+    cdef Py_ssize_t i
+    cdef ColumnSink s
+    cdef Region* reg
+    cdef const BatchHeader* h
+    for i in range(i0, i1):
+        reg = &regs.items[i]
+        h = reg.header
+        if reg.crc_pending and _crc_fn == NULL and not _crc_ok(mvs[reg.source], <BatchHeader*>h):
+            outs[i].status = ST_CRC
+            outs[i].err_pos = h.position
+            return 0
+        with nogil:
+            if reg.crc_pending and _crc_fn != NULL and not crc32c_c(
+                    reg.data + h.position + 21, h.size - 21) == h.crc:
+                outs[i].status = ST_CRC
+                outs[i].err_pos = h.position
+                return 0
+            memset(&s, 0, sizeof(ColumnSink))
+            outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers, &s,
+                                                   &outs[i].err_pos)
+            outs[i].n = s.n
+            outs[i].key_bytes = s.key_bytes
+            outs[i].value_bytes = s.value_bytes
+            outs[i].n_headers = s.n_headers
+            outs[i].hk_bytes = s.hk_bytes
+            outs[i].hv_bytes = s.hv_bytes
+        if outs[i].status != ST_OK:
+            return 0
+    return 0
+
+
+cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
+                        int64_t hi, int64_t limit, bint headers, const ColumnSink* base,
+                        BatchOut* outs) noexcept nogil:
+    """Fill pass over regions [i0, i1): each batch writes at its precomputed positions."""
+    cdef Py_ssize_t i
+    cdef ColumnSink s
+    cdef Py_ssize_t err
+    cdef size_t run_lo = 0, run_hi = 0
+    for i in range(i0, i1):
+        if outs[i].n == 0 or outs[i].n0 >= limit:
+            continue
+        s = base[0]
+        s.n = outs[i].n0
+        s.key_bytes = outs[i].k0
+        s.value_bytes = outs[i].v0
+        s.n_headers = outs[i].h0
+        s.hk_bytes = outs[i].hk0
+        s.hv_bytes = outs[i].hv0
+        decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit, headers, &s,
+                              &err)
+        _release_batch(&regs.items[i], &run_lo, &run_hi, False)
+    _release_batch(NULL, &run_lo, &run_hi, True)
+
+
+cdef enum:
+    MIN_RECORD_BYTES = 7   # length, attributes, timestamp and offset deltas, key and value
+                           # lengths, header count: one byte each at least
+
+
+cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, int64_t hi,
+                     ColumnSink* s, BatchOut* outs) noexcept nogil:
+    """Check and copy regions [i0, i1) in one pass, each batch while its bytes are hot, writing
+    on from the sink's running totals (no counting pass: the arrays were sized by an upper
+    bound). Stops at the first damaged batch, whose status it leaves in ``outs``."""
+    cdef Py_ssize_t i
+    cdef Region* reg
+    cdef const BatchHeader* h
+    cdef size_t run_lo = 0, run_hi = 0
+    for i in range(i0, i1):
+        reg = &regs.items[i]
+        h = reg.header
+        if reg.crc_pending and crc32c_c(reg.data + h.position + 21, h.size - 21) != h.crc:
+            outs[i].status = ST_CRC
+            outs[i].err_pos = h.position
+            break
+        outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, False, s,
+                                               &outs[i].err_pos)
+        if outs[i].status != ST_OK:
+            break
+        _release_batch(reg, &run_lo, &run_hi, False)
+    _release_batch(NULL, &run_lo, &run_hi, True)
+
+
+cdef double TAIL_SHARE = 0.4   # of a large range's bytes, checked and copied in one pass
+
+
+def _set_tail_share(double share):
+    """Tune (or with 0, turn off) the one-pass tail of large column decodes; returns the
+    previous share."""
+    global TAIL_SHARE
+    old = TAIL_SHARE
+    TAIL_SHARE = share
+    return old
+
+
+cdef Py_ssize_t _tail_start(_Regions regs) noexcept:
+    """Where the one-pass tail of a large decode starts (regs.n: no tail). The head is counted
+    by both threads, then copied by one while the other checks and copies the tail: with the
+    head counted twice as fast, a 60/40 split keeps both threads busy to the end."""
+    cdef int64_t total = 0, acc = 0
+    cdef Py_ssize_t i
+    if TAIL_SHARE <= 0 or regs.n < 2:
+        return regs.n
+    for i in range(regs.n):
+        total += regs.items[i].end - regs.items[i].start
+    if total < PARALLEL_MIN_BYTES:
+        return regs.n
+    for i in range(regs.n):
+        if acc >= total * (1.0 - TAIL_SHARE):
+            return i
+        acc += regs.items[i].end - regs.items[i].start
+    return regs.n
+
+
+_pool = None
+
+
+def _second_core(fn, *args):
+    """Run fn(*args) on a persistent worker thread; the kernels release the GIL."""
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segstore-decode")
+    return _pool.submit(fn, *args)
+
+
+def _forget_second_core():
+    # A forked child has the executor but not its thread: work submitted to it never runs.
+    global _pool
+    _pool = None
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_forget_second_core)
+
+
+cdef int64_t PARALLEL_MIN_BYTES = 8 << 20   # below this a second thread costs more than it saves
+
+
+def _set_parallel_min_bytes(int64_t n):
+    """Tune (or with a huge value, disable) the two-thread split of column decodes; returns
+    the previous value."""
+    global PARALLEL_MIN_BYTES
+    old = PARALLEL_MIN_BYTES
+    PARALLEL_MIN_BYTES = n
+    return old
+
+
+cdef class _DecodeJob:
+    """State shared by the two halves of a parallel column decode."""
+    cdef list mvs          # one byte memoryview per source buffer
+    cdef list keep         # scans whose C header arrays the regions point into
+    cdef _Regions regs
+    cdef int64_t lo, hi, limit
+    cdef bint headers
+    cdef BatchOut* outs    # one per region, grown with them
+    cdef ColumnSink sink
+    cdef ColumnSink tail   # the one-pass tail's sink, with its running totals
+
+    def __dealloc__(self):
+        free(self.outs)
+
+    def count(self, Py_ssize_t i0, Py_ssize_t i1):
+        _count_batches(self.mvs, self.regs, i0, i1, self.lo, self.hi, self.headers, self.outs)
+
+    def fill(self, Py_ssize_t i0, Py_ssize_t i1):
+        with nogil:
+            _fill_batches(self.regs, i0, i1, self.lo, self.hi, self.limit, self.headers,
+                          &self.sink, self.outs)
+
+    def fill_tail(self, Py_ssize_t i0, Py_ssize_t i1):
+        with nogil:
+            _fill_tail(self.regs, i0, i1, self.lo, self.hi, &self.tail, self.outs)
+
+
+cdef Region* _new_region(_DecodeJob job) except NULL:
+    """The slot of one more region (with its zeroed BatchOut), growing both arrays as needed;
+    the caller counts it in (``regs.n += 1``) once it is filled."""
+    cdef _Regions regs = job.regs
+    cdef Py_ssize_t cap
+    cdef Region* items
+    cdef BatchOut* outs
+    if regs.n == regs.cap:
+        cap = 64 if regs.cap == 0 else regs.cap * 2
+        items = <Region*>realloc(regs.items, cap * sizeof(Region))
+        if items == NULL:
+            raise MemoryError()
+        regs.items = items
+        outs = <BatchOut*>realloc(job.outs, cap * sizeof(BatchOut))
+        if outs == NULL:
+            raise MemoryError()
+        job.outs = outs
+        memset(&outs[regs.cap], 0, (cap - regs.cap) * sizeof(BatchOut))
+        regs.cap = cap
+    return &regs.items[regs.n]
+
+
+cdef Py_ssize_t _split_point(_Regions regs, Py_ssize_t i0, Py_ssize_t i1) noexcept:
+    """Where regions [i0, i1) are split between two threads; i1 when they are too few bytes
+    for a second thread to pay."""
+    cdef int64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(i0, i1):
+        total += regs.items[i].end - regs.items[i].start
+    if total >= PARALLEL_MIN_BYTES and i1 - i0 >= 2:
+        return i0 + (i1 - i0) // 2
+    return i1
+
+
+cdef int64_t _count_regions(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1, list files) except -1:
+    """Pass 1 over regions [i0, i1): CRC and sizes, raising the first damage in batch order.
+    Returns how many selected records they hold."""
+    cdef Py_ssize_t i, split = _split_point(job.regs, i0, i1)
+    cdef int64_t n = 0
+    if split < i1:
+        other = _second_core(job.count, split, i1)
+        job.count(i0, split)
+        other.result()
+    elif i0 < i1:
+        job.count(i0, i1)
+    for i in range(i0, i1):
+        _raise_status(job.outs[i].status, job.outs[i].err_pos, files[job.regs.items[i].source])
+        n += job.outs[i].n
+    return n
