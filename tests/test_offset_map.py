@@ -464,3 +464,105 @@ def test_growth_jumps_to_the_whole_buffer_before_the_scratch_copy_passes_32_mib(
     assert all(b == 2 * a for a, b in zip(seen, seen[1:-1]))    # doublings, then one jump
     assert seen[-2] * 24 * 2 > 32 << 20 >= seen[-2] * 24        # the jump started at <= 32 MiB
     assert m.get(b"g0") == 0 and m.get(b"g1499999") == 1_499_999
+
+
+# -- the digest's short-key fast path and the offset-strategy build kernel --------------------
+
+@pytest.mark.parametrize("length", range(65))
+def test_digest_equals_mmh3_for_every_key_length_up_to_64(length):
+    """The 16-byte straight-line digest and the general loop both give mmh3's digest; seeds too,
+    and keys at every alignment (the digest loads 8 bytes at a time)."""
+    import random
+    rnd = random.Random(length)
+    buf = bytes(rnd.getrandbits(8) for _ in range(length + 8))
+    for off in range(8):
+        key = buf[off:off + length]
+        assert _core.murmur3_128(key) == mmh3.hash_bytes(key)
+    for seed in (1, 0x9747b28c, 2 ** 32 - 1):
+        assert _core.murmur3_128(buf[:length], seed) == mmh3.hash_bytes(buf[:length], seed)
+
+
+@given(st.lists(st.binary(min_size=0, max_size=80), min_size=1, max_size=50))
+def test_digests_of_random_keys_equal_mmh3(ks):
+    for k in ks:
+        assert _core.murmur3_128(k) == mmh3.hash_bytes(k)
+    col = _binary(ks)
+    got = _core.murmur3_128_digests(col)
+    assert [g.tobytes() for g in got] == [mmh3.hash_bytes(k) for k in ks]
+
+
+def _batches(spec):
+    """Encoded v2 batches: spec = list of (base offset, [key or None]) (key lengths vary)."""
+    return b"".join(bytes(_core.encode_batch([b"v%d" % i for i in range(len(ks))], keys=ks,
+                                             timestamps_ms=1, base_offset=base))
+                    for base, ks in spec)
+
+
+def _build_both(data, slots, load_factor, start_offset, end_offset):
+    out = []
+    for plain in (True, False):
+        _core._use_plain_map_kernel(plain)
+        try:
+            m = OffsetMap(24 * slots, load_factor=load_factor)
+            res = _core.build_offset_map(m, data, 0, len(data), start_offset,
+                                         end_offset=end_offset, validate_crc=True)
+        finally:
+            _core._use_plain_map_kernel(True)
+        out.append((m, res))
+    return out
+
+
+key_or_none = st.one_of(st.none(), st.integers(0, 40).map(lambda i: b"k" * (i % 7) + b"%d" % i),
+                        st.binary(max_size=33))
+
+
+@given(st.lists(st.lists(key_or_none, min_size=1, max_size=40), min_size=1, max_size=6),
+       st.integers(2, 300), st.sampled_from([0.5, 0.75, 0.9, 1.0]), st.integers(0, 60),
+       st.one_of(st.none(), st.integers(0, 200)))
+def test_plain_build_kernel_matches_the_general_one(batches, slots, load_factor, start, end):
+    """The offset-strategy kernel (keys hashed a group ahead of their puts, counters in locals)
+    answers exactly as the general per-record kernel: stopping point, counts, every counter
+    and every key's offset, also when the map fills mid-batch or records lie outside
+    [start, end)."""
+    spec, base = [], 0
+    for ks in batches:
+        spec.append((base, ks))
+        base += len(ks) + 3
+    data = _batches(spec)
+    (mp, rp), (mg, rg) = _build_both(data, slots, load_factor, start, end)
+    assert rp == rg
+    assert (mp.size, mp.lookups, mp.probes, mp.latest_offset) == \
+        (mg.size, mg.lookups, mg.probes, mg.latest_offset)
+    for _, ks in spec:
+        for k in ks:
+            if k is not None:
+                assert mp.get(k) == mg.get(k)
+
+
+def test_plain_build_kernel_matches_the_general_one_across_table_growth():
+    """A large map grows while the plain kernel has keys hashed ahead: their slots are
+    recomputed for the larger table and every mapping agrees with the general kernel."""
+    n_keys = 150_000
+    spec = [(b, [b"key-%d" % ((b + i) * 7919 % n_keys) for i in range(500)])
+            for b in range(0, 400_000, 500)]
+    data = _batches(spec)
+    (mp, rp), (mg, rg) = _build_both(data, 1_000_000, 0.9, 0, None)
+    assert rp == rg
+    assert mp.table_slots > INITIAL_TABLE
+    assert (mp.size, mp.lookups, mp.latest_offset) == (mg.size, mg.lookups, mg.latest_offset)
+    want = {}
+    for b, ks in spec:
+        for i, k in enumerate(ks):
+            want[k] = b + i
+    assert mp.size == len(want)
+    assert all(mp.get(k) == off for k, off in want.items())
+
+
+def test_plain_build_kernel_stops_mid_batch_like_the_general_one_on_a_large_map():
+    """The map fills in the middle of a batch after growing: same position, same count read."""
+    slots = 70_000
+    spec = [(b, [b"u%d" % (b + i) for i in range(1000)]) for b in range(0, 80_000, 1000)]
+    data = _batches(spec)
+    (mp, rp), (mg, rg) = _build_both(data, slots, 0.9, 0, None)
+    assert rp == rg and rp[0] and rp[2] == int(slots * 0.9)
+    assert (mp.size, mp.lookups, mp.latest_offset) == (mg.size, mg.lookups, mg.latest_offset)
