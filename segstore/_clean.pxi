@@ -1337,6 +1337,34 @@ cdef class BatchFilter:
             self.fc.max_offset = max_offset
 
 
+cdef extern from "sys/mman.h" nogil:
+    int _clean_madvise "madvise"(void* addr, size_t length, int advice)
+    int _CLEAN_MADV_DONTNEED "MADV_DONTNEED"
+
+
+def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
+    """Drop this process's page-table entries for the pages of the file mapping ``buf`` that
+    hold ``buf[start:end]`` (the page cache keeps the data; a later touch maps it again).
+
+    Like ``mmap.madvise(MADV_DONTNEED, ...)`` over the same pages, but without the GIL: the
+    call flushes TLBs (interrupting the other core when another thread of the process runs
+    there), and with the GIL held another cleaner thread could not return from its kernels
+    meanwhile. ``buf`` must be an ``mmap.mmap``: on other memory the call would discard data."""
+    if not isinstance(buf, _mmap.mmap):
+        raise TypeError("release_pages needs an mmap.mmap")
+    cdef const uint8_t[::1] view = buf
+    if start < 0 or end > view.shape[0] or start > end:
+        raise ValueError(f"range [{start}, {end}) is outside the mapping")
+    if start == end:
+        return
+    cdef size_t page = _mmap.PAGESIZE
+    cdef size_t lo = <size_t>&view[0] + <size_t>start
+    cdef size_t hi = <size_t>&view[0] + <size_t>end
+    lo = lo & ~(page - 1)
+    with nogil:
+        _clean_madvise(<void*>lo, hi - lo, _CLEAN_MADV_DONTNEED)   # advisory: failure is harmless
+
+
 def finish_crcs(bytearray out, Py_ssize_t start, Py_ssize_t end):
     """Compute the CRC of every v2 batch in ``out[start:end]`` whose CRC field is 0."""
     cdef uint8_t[::1] ov = out
