@@ -92,7 +92,10 @@ cdef inline int64_t _probe_slot_t(int64_t table, uint64_t h1, uint64_t h2,
     cdef uint32_t w = SEGSTORE_BSWAP32(<uint32_t>lo)
     if attempt > 12:
         w = w + <uint32_t>(attempt - 12)
-    # slots < 2^32 (the map is at most 2 GiB): a 32-bit modulo is much cheaper.
+    # slots < 2^32 (the map is at most 2 GiB): a 32-bit modulo is much cheaper, and a grown
+    # table (65,536 slots doubled) is a power of two, where the modulo is a mask.
+    if (table & (table - 1)) == 0:
+        return segstore_kafka_abs(w) & <uint32_t>(table - 1)
     return segstore_kafka_abs(w) % <uint32_t>table
 
 
