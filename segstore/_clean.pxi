@@ -413,8 +413,14 @@ cdef class OffsetMap:
         self._digest(key, &h1, &h2)
         return _map_get(&self.m, h1, h2)
 
-    def clear(self) -> None:
-        """Zero the buffer and the counters; latest offset -1."""
+    def clear(self, int64_t table_hint=0) -> None:
+        """Zero the buffer and the counters; latest offset -1.
+
+        The probed table starts again at 65,536 slots, or, with ``table_hint``, at the first
+        size of its growth sequence that reaches ``table_hint`` slots (a cleaner passes the
+        size a partition's last round grew to, so a round like the last one skips the growth
+        steps and their re-placing of every entry)."""
+        cdef int64_t new
         if self._dirty:
             # Dropping the pages zeroes them (private anonymous memory) at the cost of only
             # the pages the map touched, and gives the memory back between rounds.
@@ -423,6 +429,12 @@ cdef class OffsetMap:
         self.m.entries = self.m.lookups = self.m.probes = 0
         self.m.latest_offset = -1
         self.m.table = min(self.m.slots, INITIAL_TABLE)
+        while self.m.table < table_hint and self.m.table < self.m.slots:
+            # _map_grow's steps, on an empty table: double, or jump to the whole buffer.
+            new = self.m.table * 2 if self.m.table * 2 < self.m.slots else self.m.slots
+            if <size_t>self.m.table * <size_t>self.m.words * 16 > GROW_SCRATCH_MAX:
+                new = self.m.slots
+            self.m.table = new
 
     @property
     def table_slots(self) -> int:

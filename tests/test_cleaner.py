@@ -1983,3 +1983,30 @@ def test_release_pages_drops_the_mapped_pages_and_keeps_the_data(tmp_path):
         _core.release_pages(bytearray(8192), 0, 4096)   # not a file mapping: would lose data
     del arr
     mm.close()
+
+
+def test_a_partitions_next_map_build_starts_at_the_table_size_its_last_one_reached(root, clock):
+    """The cleaner remembers, per partition, the table size a build grew to and starts that
+    partition's next build there (the same map as growing again); another partition starts
+    small."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, segment_bytes=1 << 20)
+    n = 40_000
+    for lo in range(0, n, 1000):
+        lg.append_batch([b"v"] * 1000, keys=[b"k%d" % i for i in range(lo, lo + 1000)])
+    lg.roll()
+    other = compacted_topic(st, name="u", segment_bytes=1 << 20)
+    other.append_batch([b"v"] * 10, keys=[b"k%d" % i for i in range(10)])
+    other.roll()
+    cleaner = make_cleaner(clock, slots=1_000_000)
+    end = lg.segments[-1].base_offset
+    cleaner.build_offset_map(lg, 0, end, CleanerStats())
+    grown = cleaner.offset_map.table_slots
+    assert grown > 65_536
+    first = {i: cleaner.offset_map.get(b"k%d" % i) for i in range(0, n, 97)}
+    cleaner.build_offset_map(other, 0, other.segments[-1].base_offset, CleanerStats())
+    assert cleaner.offset_map.table_slots == 65_536
+    cleaner.build_offset_map(lg, 0, end, CleanerStats())
+    m = cleaner.offset_map
+    assert m.table_slots == grown and m.size == n
+    assert {i: m.get(b"k%d" % i) for i in range(0, n, 97)} == first

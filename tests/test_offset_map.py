@@ -566,3 +566,25 @@ def test_plain_build_kernel_stops_mid_batch_like_the_general_one_on_a_large_map(
     (mp, rp), (mg, rg) = _build_both(data, slots, 0.9, 0, None)
     assert rp == rg and rp[0] and rp[2] == int(slots * 0.9)
     assert (mp.size, mp.lookups, mp.latest_offset) == (mg.size, mg.lookups, mg.latest_offset)
+
+
+def test_clear_with_a_table_hint_starts_at_a_size_growth_would_reach():
+    """clear(table_hint) starts the probed table at the first size of the growth sequence that
+    reaches the hint (the whole buffer at most), and the map answers as one that grew there."""
+    slots = 1_000_003
+    m = OffsetMap(24 * slots)
+    sizes = [m.table_slots]
+    for i in range(480_000):             # grow through the whole sequence
+        m.put(b"h%d" % i, i)
+        if m.table_slots != sizes[-1]:
+            sizes.append(m.table_slots)
+    assert sizes == [INITIAL_TABLE, 2 * INITIAL_TABLE, 4 * INITIAL_TABLE, 8 * INITIAL_TABLE, slots]
+    for hint in (0, 1, INITIAL_TABLE, INITIAL_TABLE + 1, 200_000, 600_000, 10 ** 9):
+        m.clear(hint)
+        assert m.table_slots == next((t for t in sizes if t >= hint), slots) and m.size == 0
+        for i in range(0, 150_000, 7):
+            m.put(b"h%d" % i, i)
+        assert all(m.get(b"h%d" % i) == i for i in range(0, 150_000, 7))
+        assert m.get(b"h1") == -1
+    m.clear()
+    assert m.table_slots == INITIAL_TABLE

@@ -130,6 +130,7 @@ class Cleaner:
         self.check_done = check_done or (lambda tp: None)
         self._out = bytearray(self.chunk_size + (self.chunk_size >> 3))
         self._crc_checked: set = set()
+        self._table_hint: dict = {}   # TopicPartition -> table size its last map build grew to
 
     # -- a round ----------------------------------------------------------------------------
     def clean(self, ltc: LogToClean, now: Optional[int] = None) -> tuple:
@@ -183,9 +184,11 @@ class Cleaner:
     def build_offset_map(self, lg, start: int, end: int, stats: CleanerStats) -> None:
         """Map keys of [start, end) to their latest offsets, stopping when the map is full."""
         omap = self.offset_map
-        omap.clear()
-        self._crc_checked = set()   # ids of segments whose every batch CRC the map build checked
         tp = lg.topic_partition
+        # Start the probed table at the size this partition's last build grew to: a round like
+        # the last one then skips the growth steps (each re-places every entry).
+        omap.clear(self._table_hint.get(tp, 0))
+        self._crc_checked = set()   # ids of segments whose every batch CRC the map build checked
         dirty = segments_in_range(lg.segments, start, end)
         aborted = _aborted_array(collect_aborted_transactions(lg.segments, start, end))
         full = False
@@ -197,6 +200,7 @@ class Cleaner:
                 stats.map_full = True
                 break
             omap.update_latest_offset(nxt - 1)
+        self._table_hint[tp] = omap.table_slots
         if full:
             stats.wanted_buffer_bytes = self._wanted_buffer(lg, dirty, start, end)
             log.info("Offset map of %s filled up at offset %d: a dedupe buffer of %d bytes "
