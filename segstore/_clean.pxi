@@ -968,6 +968,8 @@ cdef struct FilterCore:
     int64_t invalid
     int64_t max_offset
     int64_t rebuilt            # batches written with new contents (CRC to compute)
+    const uint8_t* ahead       # the next batch's bytes, prefetched while this one is walked
+    const uint8_t* ahead_end
 
 
 cdef inline int64_t _room_needed(const BatchHeader* h, int64_t records_bytes) noexcept nogil:
@@ -1021,6 +1023,10 @@ cdef int _filter_parse_group(FilterCore* fc, const MapCore* m, const BatchHeader
     cdef int64_t offset, latest = m.latest_offset
     for k in range(g):
         j = j0 + k
+        if fc.ahead < fc.ahead_end:   # two cache lines of the next batch per record
+            SEGSTORE_PREFETCH(fc.ahead)
+            SEGSTORE_PREFETCH(fc.ahead + 64)
+            fc.ahead += 128
         fc.starts[j] = p
         st = _record_fields(rb, &p, rend, &r, &fc.ts_ends[j])
         if st != ST_OK:
@@ -1224,6 +1230,11 @@ cdef int _filter_run(MapCore* m, FilterCore* fc, const uint8_t* b, Py_ssize_t* p
             return ST_OUTPUT_FULL
         # Never lose the round's last offset, so the log end offset stays recoverable.
         mode = RETAIN_EMPTY if h.last_offset + 1 == fc.upper_bound else DELETE_EMPTY
+        # Records come from memory (no CRC pass reads them first): the next batch's lines are
+        # prefetched while this one is walked (about the same size; never past ``end``).
+        fc.ahead = b + pos[0] + h.size
+        fc.ahead_end = fc.ahead + (h.size if h.size < end - pos[0] - h.size
+                                   else end - pos[0] - h.size)
         st = _filter_batch(m, fc, &h, b + pos[0], b, pos[0] + V2_HEADER_C, pos[0] + h.size,
                            mode, False, False, out, out_pos, out_cap, &rebuilt)
         if st != ST_OK:
@@ -1343,6 +1354,7 @@ cdef class BatchFilter:
             rend = pos + h.size
         cdef Py_ssize_t op = out_pos
         cdef bint rebuilt
+        self.fc.ahead = self.fc.ahead_end = NULL
         with nogil:
             st = _filter_batch(&self.omap.m, &self.fc, &h, _ptr(view) + pos, rb, rstart, rend,
                                mode, discard_records, marker_for_empty_txn, &ov[0], &op,

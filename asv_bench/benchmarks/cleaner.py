@@ -85,6 +85,10 @@ def _fresh_copy(meta, name: str) -> str:
     dst = os.path.join(meta["dir"], name)
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(meta["path"], dst)
+    # Untimed: write the copy's 254 MB back now, or the writeback runs during the timed round
+    # (kernel flusher threads taking CPU from the cleaner threads, the round's fsyncs queued
+    # behind it).
+    os.sync()
     return dst
 
 
