@@ -253,7 +253,7 @@ class RatioDecode:
     setup_cache = codec_dataset_cache
     unit = "x"
     timeout = 300
-    repeats = 5
+    repeats = 7   # the pool needs a run or two to settle; both sides get the same runs
 
     def setup(self, meta):
         self.batch_cls, _ = require_aiokafka()

@@ -524,7 +524,7 @@ class RatioRead:
     setup_cache = log_dataset_cache
     unit = "x"
     timeout = 300
-    repeats = 5
+    repeats = 7   # the pool needs a run or two to settle; both sides get the same runs
 
     def setup(self, meta):
         self.batch_cls, _ = require_aiokafka()
