@@ -60,7 +60,7 @@ cdef extern from *:
     #define SEGSTORE_PREFETCH(p) __builtin_prefetch(p)
     /* Kafka's Utils.abs of the int32 with bits w (abs(Integer.MIN_VALUE) is 0), without a
        branch: the sign of a digest window is a coin toss, and as if/else it cost a branch
-       misprediction per slot computed (a third of a map build's time). */
+       misprediction per slot computed (a third of the map-build kernel's time). */
     static inline uint32_t segstore_kafka_abs(uint32_t w) {
         uint32_t s = (uint32_t)((int32_t)w >> 31);
         return ((w ^ s) - s) & 0x7FFFFFFFu;
