@@ -111,7 +111,6 @@ def _sync_files_without_gil(paths) -> None:
             os.close(fd)
 
 
-
 class Cleaner:
     """One cleaner thread's worker: its offset map and I/O chunk size (REF §6.2, §6.11).
 
