@@ -56,16 +56,18 @@ cdef inline size_t _block_size(size_t nbytes) noexcept nogil:
     return (nbytes + unit - 1) & ~(unit - 1)
 
 
-cdef void _unmap(uint8_t* ptr, size_t size) noexcept nogil:
-    c_munmap(ptr, size)
-
-
 cdef void _evict_oldest() noexcept:
     global _n_free, _free_bytes
-    _unmap(_free_blocks[0].ptr, _free_blocks[0].size)
+    c_munmap(_free_blocks[0].ptr, _free_blocks[0].size)
     _free_bytes -= _free_blocks[0].size
     _n_free -= 1
     memmove(&_free_blocks[0], &_free_blocks[1], _n_free * sizeof(PoolBlock))
+
+
+cdef void _evict_down_to(size_t keep) noexcept:
+    """Unmap kept blocks, oldest first, until at most ``keep`` bytes are kept."""
+    while _n_free and _free_bytes > keep:
+        _evict_oldest()
 
 
 cdef void _pool_release(uint8_t* ptr, size_t size) noexcept:
@@ -73,7 +75,7 @@ cdef void _pool_release(uint8_t* ptr, size_t size) noexcept:
     global _n_free, _free_bytes, _in_use_bytes
     _in_use_bytes -= size
     if size > _pool_limit:
-        _unmap(ptr, size)
+        c_munmap(ptr, size)
         return
     while _n_free and (_free_bytes + size > _pool_limit or _n_free == POOL_SLOTS):
         _evict_oldest()
@@ -146,8 +148,7 @@ cdef PooledBuffer _pool_acquire(Py_ssize_t nbytes):
         p = c_mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
         if p == MAP_FAILED and _n_free:
             # Out of address space or memory: give back what the pool keeps, then try again.
-            while _n_free:
-                _evict_oldest()
+            _evict_down_to(0)
             p = c_mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
         if p == MAP_FAILED:
             raise MemoryError(f"segstore: cannot map {need} bytes for a column buffer")
@@ -178,16 +179,14 @@ def buffer_pool_set_limit(Py_ssize_t nbytes):
         raise ValueError(f"buffer pool limit must be >= 0, got {nbytes}")
     cdef size_t old = _pool_limit
     _pool_limit = nbytes
-    while _n_free and _free_bytes > _pool_limit:
-        _evict_oldest()
+    _evict_down_to(_pool_limit)
     return old
 
 
 def buffer_pool_release():
     """Unmap every kept free block (buffers in use are untouched); returns the bytes freed."""
     cdef size_t freed = _free_bytes
-    while _n_free:
-        _evict_oldest()
+    _evict_down_to(0)
     return freed
 
 

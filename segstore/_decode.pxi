@@ -382,8 +382,7 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
                 # Skipped and compressed batches are checked now; kept uncompressed ones in
                 # pass 1, while their bytes are hot.
                 if validate_crc and (skip or codec != 0) and not _batch_crc_ok(base, mv, h):
-                    _count_regions(job, counted, regs.n, files)  # damage before it first
-                    _raise_status(ST_CRC, h.position, file)
+                    _raise_after(job, counted, files, ST_CRC, h.position, file)
                 if skip:
                     continue
                 reg = _new_region(job)
@@ -409,10 +408,8 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
             if need <= 0:
                 break
             if scan.status != ST_OK:
-                # The records wanted run on into the damaged batch. Damage in the batches
-                # before it is raised first.
-                _count_regions(job, counted, regs.n, files)
-                _raise_status(scan.status, scan.error_pos, file)
+                # The records wanted run on into the damaged batch.
+                _raise_after(job, counted, files, scan.status, scan.error_pos, file)
             if chunk < 0 or vec.n < chunk:
                 break  # the end of this range
             pos = scan.valid_end

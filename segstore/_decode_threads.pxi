@@ -118,8 +118,7 @@ cdef Py_ssize_t _tail_start(_Regions regs) noexcept:
     cdef Py_ssize_t i
     if TAIL_SHARE <= 0 or regs.n < 2:
         return regs.n
-    for i in range(regs.n):
-        total += regs.items[i].end - regs.items[i].start
+    total = _region_bytes(regs, 0, regs.n)
     if total < PARALLEL_MIN_BYTES:
         return regs.n
     for i in range(regs.n):
@@ -212,14 +211,19 @@ cdef Region* _new_region(_DecodeJob job) except NULL:
     return &regs.items[regs.n]
 
 
-cdef Py_ssize_t _split_point(_Regions regs, Py_ssize_t i0, Py_ssize_t i1) noexcept:
-    """Where regions [i0, i1) are split between two threads; i1 when they are too few bytes
-    for a second thread to pay."""
+cdef int64_t _region_bytes(_Regions regs, Py_ssize_t i0, Py_ssize_t i1) noexcept:
+    """Record bytes of regions [i0, i1)."""
     cdef int64_t total = 0
     cdef Py_ssize_t i
     for i in range(i0, i1):
         total += regs.items[i].end - regs.items[i].start
-    if total >= PARALLEL_MIN_BYTES and i1 - i0 >= 2:
+    return total
+
+
+cdef Py_ssize_t _split_point(_Regions regs, Py_ssize_t i0, Py_ssize_t i1) noexcept:
+    """Where regions [i0, i1) are split between two threads; i1 when they are too few bytes
+    for a second thread to pay."""
+    if _region_bytes(regs, i0, i1) >= PARALLEL_MIN_BYTES and i1 - i0 >= 2:
         return i0 + (i1 - i0) // 2
     return i1
 
@@ -239,3 +243,11 @@ cdef int64_t _count_regions(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1, list f
         _raise_status(job.outs[i].status, job.outs[i].err_pos, files[job.regs.items[i].source])
         n += job.outs[i].n
     return n
+
+
+cdef int _raise_after(_DecodeJob job, Py_ssize_t counted, list files, int status,
+                      Py_ssize_t position, object file) except -1:
+    """Raise damage met while selecting batches, after checking the batches taken before it
+    (so the first damaged batch in order is the one named)."""
+    _count_regions(job, counted, job.regs.n, files)
+    _raise_status(status, position, file)

@@ -141,6 +141,17 @@ class FakeClock:
         return self.now
 
 
+@pytest.fixture
+def fresh_buffer_pool():
+    """segstore's buffer pool at its default limit and empty, restored and emptied after."""
+    from segstore import buffer_pool
+    old = buffer_pool.set_limit(buffer_pool.DEFAULT_LIMIT)
+    buffer_pool.release()
+    yield
+    buffer_pool.set_limit(old)
+    buffer_pool.release()
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The shared SparkSession (local[2], no UI, 2 shuffle partitions): tests/spark and the

@@ -54,13 +54,7 @@ def _pooled(arr) -> bool:
     return False
 
 
-@pytest.fixture(autouse=True)
-def fresh_pool():
-    old = buffer_pool.set_limit(buffer_pool.DEFAULT_LIMIT)
-    buffer_pool.release()
-    yield
-    buffer_pool.set_limit(old)
-    buffer_pool.release()
+pytestmark = pytest.mark.usefixtures("fresh_buffer_pool")
 
 
 def test_second_decode_reuses_the_freed_blocks():

@@ -41,13 +41,9 @@ def _pooled_buffer(arr):
 
 
 @pytest.fixture(autouse=True)
-def fresh_pool():
-    old = buffer_pool.set_limit(buffer_pool.DEFAULT_LIMIT)
-    buffer_pool.release()
+def fresh_pool(fresh_buffer_pool):
     yield
     _core._set_parallel_min_bytes(PARALLEL_DEFAULT)
-    buffer_pool.set_limit(old)
-    buffer_pool.release()
 
 
 def _run_child(code: str) -> subprocess.CompletedProcess:
