@@ -18,7 +18,6 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memmove, memset
 from cpython.buffer cimport PyBUF_FORMAT
 
-import gc as _gc
 import mmap as _mmap
 import os as _os
 import time

@@ -8,6 +8,7 @@ cdef extern from "Python.h":
 
 cdef object _ConsumerRecord = ConsumerRecord
 cdef Py_ssize_t _CR_FIELDS = len(ConsumerRecord._fields)
+cdef tuple _NO_HEADERS = ()
 
 
 cdef extern from "Python.h":
@@ -16,11 +17,12 @@ cdef extern from "Python.h":
     PyObject* _new_bytes "PyBytes_FromStringAndSize" (const char* s, Py_ssize_t n)
     PyObject* _new_i64 "PyLong_FromLongLong" (long long v)
     PyObject* _new_ssize "PyLong_FromSsize_t" (Py_ssize_t v)
-    PyObject* _new_list "PyList_New" (Py_ssize_t n)
     void _set_slot "PyTuple_SET_ITEM" (PyObject* t, Py_ssize_t i, PyObject* x)
     void _incref "Py_INCREF" (PyObject* o)
     void _decref "Py_DECREF" (PyObject* o)
     PyObject* _slot "PyTuple_GET_ITEM" (PyObject* t, Py_ssize_t i)
+    void _gc_untrack "PyObject_GC_UnTrack" (void* o)
+    int _gc_tracked "PyObject_GC_IsTracked" (object o)
 
 
 cdef inline PyObject* _own(PyObject* o) noexcept:
@@ -37,9 +39,14 @@ cdef inline PyObject* _bytes_ref(const uint8_t* b, Py_ssize_t pos, int32_t lengt
 cdef inline object _new_record(object topic, object partition, object leader_epoch,
                                int64_t offset, int64_t timestamp, object timestamp_type,
                                PyObject* key, PyObject* value, PyObject* headers, object checksum,
-                               Py_ssize_t ksize, Py_ssize_t vsize, Py_ssize_t hsize):
+                               Py_ssize_t ksize, Py_ssize_t vsize, Py_ssize_t hsize, bint untrack):
     """A ConsumerRecord that takes ownership of key, value and headers (new references or
-    NULL after a failed allocation, which raises MemoryError once the record is released)."""
+    NULL after a failed allocation, which raises MemoryError once the record is released).
+
+    With ``untrack`` (topic and partition hold no containers) the record is left out of the
+    cyclic garbage collector: every field is immutable, so it can never be part of a cycle.
+    CPython untracks such tuples itself, but only when a collection first walks them, and until
+    then each batch of records makes the collector rescan thousands of young objects."""
     # Allocate the namedtuple directly (a tuple subclass of 13 slots, zeroed), skipping its
     # Python __new__: object decode is dominated by per-record allocation.
     cdef PyObject* t = (<_TypeObj*><PyObject*>_ConsumerRecord).tp_alloc(
@@ -65,6 +72,8 @@ cdef inline object _new_record(object topic, object partition, object leader_epo
     _set_slot(t, 10, _new_ssize(ksize))
     _set_slot(t, 11, _new_ssize(vsize))
     _set_slot(t, 12, _new_ssize(hsize))
+    if untrack:
+        _gc_untrack(t)
     cdef object rec = <object>t  # takes a second reference; drop the one tp_alloc gave
     _decref(t)
     cdef Py_ssize_t i
@@ -72,6 +81,12 @@ cdef inline object _new_record(object topic, object partition, object leader_epo
         if _slot(t, i) == NULL:  # tuple dealloc skips NULL slots, so dropping rec frees the rest
             raise MemoryError()
     return rec
+
+
+cdef inline bint _untrackable(object topic, object partition):
+    """True when the fields a record shares with its caller hold no container the collector
+    tracks (str, int and None never are): the record then cannot be part of a cycle."""
+    return not _gc_tracked(topic) and not _gc_tracked(partition)
 
 
 cdef inline object _bytes_or_none(const uint8_t* b, Py_ssize_t pos, int32_t length):
@@ -83,6 +98,7 @@ cdef inline object _bytes_or_none(const uint8_t* b, Py_ssize_t pos, int32_t leng
 cdef int _decode_region_records(list out, const Region* reg, const BatchHeader* h,
                                 int64_t lo, int64_t hi, Py_ssize_t limit, object topic,
                                 object partition, object file) except -1:
+    cdef bint untrack = _untrackable(topic, partition)
     cdef const uint8_t* b = reg.data
     cdef Py_ssize_t pos = reg.start, hp
     cdef RecordView r
@@ -121,14 +137,15 @@ cdef int _decode_region_records(list out, const Region* reg, const BatchHeader* 
                 if vlen > 0:
                     hp += vlen
                 header_list.append((hkey, hval))
-            hdrs = _own(<PyObject*>header_list)
+            header_tuple = tuple(header_list)
+            hdrs = _own(<PyObject*>header_tuple)
         else:
-            hdrs = _new_list(0)
+            hdrs = _own(<PyObject*>_NO_HEADERS)
         out.append(_new_record(
             topic, partition, leader_epoch, offset, ts, ts_type_obj,
             _bytes_ref(b, r.key_pos, r.key_len), _bytes_ref(b, r.value_pos, r.value_len),
             hdrs, None, r.key_len, r.value_len,
-            (r.header_key_bytes + r.header_value_bytes) if r.header_count else -1))
+            (r.header_key_bytes + r.header_value_bytes) if r.header_count else -1, untrack))
     if pos != reg.end:
         _raise_status(ST_LEFTOVER, reg.position, file)
     return 0
@@ -184,6 +201,7 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
                         int64_t lo, int64_t hi, Py_ssize_t limit, bint validate_crc,
                         object topic, object partition, object file) except -1:
     """Records of one v0/v1 log entry; a compressed wrapper is opened one level deep."""
+    cdef bint untrack = _untrackable(topic, partition)
     cdef int8_t magic, imagic
     cdef uint8_t attrs, iattrs
     cdef int64_t ts, its, ioff, wrapper_offset = h.last_offset
@@ -198,7 +216,8 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
         if lo <= wrapper_offset < hi and len(out) < limit:
             out.append(_new_record(topic, partition, -1, wrapper_offset, ts, ts_type,
                                    _bytes_ref(b, kpos, klen), _bytes_ref(b, vpos, vlen),
-                                   _new_list(0), h.crc, klen, vlen, -1))
+                                   _own(<PyObject*>_NO_HEADERS), h.crc, klen, vlen, -1,
+                                   untrack))
         return 0
     if codec > 3 or vlen < 0:
         _raise_status(ST_BAD_CODEC, h.position, file, f"legacy codec id {codec}")
@@ -242,8 +261,8 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
             rts, rtype = -1, -1
         if lo <= offset < hi and len(out) < limit:
             out.append(_new_record(topic, partition, -1, offset, rts, rtype, _own(<PyObject*>key),
-                                   _own(<PyObject*>value), _new_list(0),
-                                   icrc_o, kl, vl, -1))
+                                   _own(<PyObject*>value), _own(<PyObject*>_NO_HEADERS),
+                                   icrc_o, kl, vl, -1, untrack))
     return 0
 
 
@@ -270,40 +289,32 @@ def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
     # range. With max_records the headers are scanned a few at a time (more each time) too.
     cdef Py_ssize_t chunk = -1 if max_records is None else 8
     mv = _byte_view(buf)
-    # The records hold no cycles; without this the collector rescans the growing list again
-    # and again (a 1M-record decode took 4x longer with it on).
-    gc_was_enabled = _gc.isenabled()
-    _gc.disable()
-    try:
-        while len(out) < limit:
-            scan = _scan(buf, view, pos, e, False, chunk, strict)
-            vec = &scan.headers.vec
-            for i in range(vec.n):
-                if len(out) >= limit:
-                    break
-                h = &vec.items[i]
-                if h.magic < 2:
-                    if h.last_offset >= lo:
-                        if validate_crc and not _crc_ok(mv, h):
-                            _raise_status(ST_CRC, h.position, file)
-                        _decode_legacy(out, mv, base, h, lo, hi, limit, validate_crc, topic,
-                                       partition, file)
-                    continue
-                if validate_crc and not _batch_crc_ok(base, mv, h):
-                    _raise_status(ST_CRC, h.position, file)
-                if _skipped(h, lo, hi, include_control):
-                    continue
-                payload = _region_at(&reg, view, mv, h, i, file)  # alive while decoded
-                _decode_region_records(out, &reg, h, lo, hi, limit, topic, partition, file)
+    while len(out) < limit:
+        scan = _scan(buf, view, pos, e, False, chunk, strict)
+        vec = &scan.headers.vec
+        for i in range(vec.n):
             if len(out) >= limit:
                 break
-            # The records wanted run on into a damaged batch, if the scan stopped at one.
-            _raise_status(scan.status, scan.error_pos, file)
-            if chunk < 0 or vec.n < chunk:
-                break  # the end of the range (or a torn tail, when not strict)
-            pos = scan.valid_end
-            chunk = min(chunk * 2, 4096)
-    finally:
-        if gc_was_enabled:
-            _gc.enable()
+            h = &vec.items[i]
+            if h.magic < 2:
+                if h.last_offset >= lo:
+                    if validate_crc and not _crc_ok(mv, h):
+                        _raise_status(ST_CRC, h.position, file)
+                    _decode_legacy(out, mv, base, h, lo, hi, limit, validate_crc, topic,
+                                   partition, file)
+                continue
+            if validate_crc and not _batch_crc_ok(base, mv, h):
+                _raise_status(ST_CRC, h.position, file)
+            if _skipped(h, lo, hi, include_control):
+                continue
+            payload = _region_at(&reg, view, mv, h, i, file)  # alive while decoded
+            _decode_region_records(out, &reg, h, lo, hi, limit, topic, partition, file)
+        if len(out) >= limit:
+            break
+        # The records wanted run on into a damaged batch, if the scan stopped at one.
+        _raise_status(scan.status, scan.error_pos, file)
+        if chunk < 0 or vec.n < chunk:
+            break  # the end of the range (or a torn tail, when not strict)
+        pos = scan.valid_end
+        chunk = min(chunk * 2, 4096)
     return out

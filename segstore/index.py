@@ -134,7 +134,13 @@ class _AbstractIndex:
     def flush(self) -> None:
         """Write the mapped pages to disk (fsync of the index file)."""
         if self.writable and self._mm is not None:
-            self._mm.flush()
+            # fsync rather than mmap.flush(): on Linux both write back the shared mapping's
+            # dirty pages (they are the file's page cache), but msync holds the GIL throughout.
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         """Trim and drop the mapping (it is unmapped once no reader holds it)."""

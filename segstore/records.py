@@ -70,6 +70,10 @@ class ConsumerRecord(NamedTuple):
     ``checksum`` is None for v2 batches (the CRC covers the batch, not the record) and the
     legacy message CRC for v0/v1 data. ``serialized_*_size`` are -1 for a null key, value or
     empty header list, as kafka-python reports them.
+
+    ``headers`` is a tuple of ``(str, bytes | None)`` pairs, ``()`` when there are none (where
+    kafka-python gives a list): a record is immutable all the way down, so decoding a million of
+    them neither allocates a list per record nor gives the garbage collector work.
     """
 
     topic: Optional[str]
@@ -80,7 +84,7 @@ class ConsumerRecord(NamedTuple):
     timestamp_type: int
     key: Optional[bytes]
     value: Optional[bytes]
-    headers: list
+    headers: tuple
     checksum: Optional[int]
     serialized_key_size: int
     serialized_value_size: int

@@ -214,7 +214,7 @@ def test_header_columns_come_from_the_pool_too():
     buf = b"".join(
         _core.encode_batch(values[lo:lo + 1000], headers=headers[lo:lo + 1000], base_offset=lo)
         for lo in range(0, n, 1000))
-    expected = [r.headers for r in _core.decode_records(buf)]
+    expected = [list(r.headers) for r in _core.decode_records(buf)]
     for _ in range(2):
         before = buffer_pool.stats()
         cols = _core.decode_columns(buf, include_headers=True)

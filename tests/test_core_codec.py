@@ -9,10 +9,12 @@ values and the CRC-32C check value.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import mmap
 import struct
 import time
+import tracemalloc
 
 import crc32c as crc32c_pkg
 import kafka.codec as kp_codec
@@ -360,6 +362,46 @@ def test_consumer_record_fields(lib, codec):
         assert r.value is None or type(r.value) is bytes
     cols = _core.decode_columns(buf, topic="orders", partition=3)
     assert (cols.topic, cols.partition) == ("orders", 3)
+
+
+def test_records_are_immutable_and_left_out_of_the_collector():
+    buf = _core.encode_batch([b"a", b"b", None], keys=[b"k", None, b"k"],
+                             headers=[[("h", b"1"), ("n", None)], [], []], base_offset=7)
+    gc_was_enabled = gc.isenabled()
+    recs = _core.decode_records(buf, topic="orders", partition=3)
+    assert gc.isenabled() == gc_was_enabled   # the decode leaves the collector alone
+    assert [r.headers for r in recs] == [(("h", b"1"), ("n", None)), (), ()]
+    assert all(type(r.headers) is tuple for r in recs)
+    # Every field is immutable, so no record can be part of a cycle and none is tracked.
+    assert not any(gc.is_tracked(r) for r in recs)
+    # A caller's topic object that is a container keeps the records tracked (it could close a
+    # cycle through them), as do records decoded from legacy entries under the same rule.
+    odd_topic = ["not", "a", "str"]
+    assert all(gc.is_tracked(r) for r in _core.decode_records(buf, topic=odd_topic))
+    legacy = bytes(legacy_message(1, 0, b"k", b"v", timestamp=5))
+    assert [(r.headers, gc.is_tracked(r)) for r in _core.decode_records(legacy, topic="t")] == \
+        [((), False)]
+
+
+def test_dropped_records_are_freed_without_the_collector():
+    buf = _core.encode_batch([b"v" * 50] * 1000, keys=[b"k"] * 1000,
+                             headers=[[("h", b"x")]] * 1000)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        del _core.decode_records(buf, topic="t")[:]   # fills CPython's small-tuple free lists
+        base, _ = tracemalloc.get_traced_memory()
+        recs = _core.decode_records(buf, topic="t")
+        held, _ = tracemalloc.get_traced_memory()
+        del recs
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        if gc_was_enabled:
+            gc.enable()
+    assert held - base > 1000 * 100          # the records were really allocated...
+    assert after - base < (held - base) / 100  # ...and reference counting alone freed them
 
 
 def fake_log_parts():

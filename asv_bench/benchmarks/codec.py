@@ -283,6 +283,15 @@ class RatioDecode:
             lambda: _segstore_decode_records_stream(self.batches), self.repeats)
         return _ratio(t_aiokafka, t_segstore)
 
+    def track_ratio_decode_records_gc_vs_aiokafka(self, meta):
+        """The batch-at-a-time loop with the garbage collector on, as in a consumer process:
+        records the collector must track (and rescan while they live) cost more than their
+        allocation."""
+        t_aiokafka, t_segstore = best_of_pair(
+            lambda: _aiokafka_decode(self.batch_cls, self.batches),
+            lambda: _segstore_decode_records_stream(self.batches), self.repeats, collector=True)
+        return _ratio(t_aiokafka, t_segstore)
+
     def track_ratio_decode_records_list_vs_aiokafka_list(self, meta):
         """Like for like, the whole log kept: one list of 1M record objects on each side."""
         t_aiokafka, t_segstore = best_of_pair(

@@ -196,14 +196,15 @@ def buffer_pool_off():
         buffer_pool.set_limit(old)
 
 
-def best_of_pair(fa, fb, repeat: int = 3) -> tuple[float, float]:
+def best_of_pair(fa, fb, repeat: int = 3, *, collector: bool = False) -> tuple[float, float]:
     """Best wall time (perf_counter) of ``fa()`` and of ``fb()``, runs interleaved a, b, a, b, ...
 
-    The garbage collector is off while timing, as in asv's own ``time_`` benchmarks.
+    The garbage collector is off while timing, as in asv's own ``time_`` benchmarks, unless
+    ``collector`` is true (what a long-running consumer process sees).
     """
     best_a = best_b = float("inf")
     gc_was_enabled = gc.isenabled()
-    gc.disable()
+    gc.enable() if collector else gc.disable()
     try:
         for _ in range(repeat):
             t0 = time.perf_counter()
