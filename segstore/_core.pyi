@@ -32,7 +32,7 @@ class ScanResult(NamedTuple):
     error: Optional[CorruptRecordError]  # the first corrupt batch, when raise_on_corrupt=False
 
 class EncodedBatches(NamedTuple):
-    data: bytes  # concatenated v2 batches
+    data: memoryview  # concatenated v2 batches (read-only; pooled memory when large)
     batches: np.ndarray  # BATCH_DTYPE rows describing each batch in ``data``
 
 def crc32c(data: Buffer) -> int: ...
@@ -178,6 +178,10 @@ def encode_columns(
     numbers) encodes rows ``order[0], order[1], ...`` of the columns instead of all rows in
     turn, so a caller that routes rows to partitions needs no reordered copy of its columns;
     a row number outside the columns raises ValueError.
+
+    ``data`` is a read-only memoryview. Outputs of 1 MiB or more live in the buffer pool (see
+    ``segstore.buffer_pool``): the block is reused once the last view of it is gone. Use
+    ``bytes(data)`` for a copy that can be pickled.
     """
 
 def set_base_offset(buf: bytearray, position: int, base_offset: int,

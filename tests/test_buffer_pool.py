@@ -30,8 +30,9 @@ def _data(n=N, seed=0):
     keys = rng.integers(0, 256, (n, KEY), dtype=np.uint8)
     values = rng.integers(0, 256, (n, VALUE), dtype=np.uint8)
     ts = 1_700_000_000_000 + np.arange(n, dtype=np.int64)
-    buf = _core.encode_columns(BinaryColumn.from_fixed(values), BinaryColumn.from_fixed(keys),
-                               ts, records_per_batch=1000).data
+    buf = bytes(_core.encode_columns(BinaryColumn.from_fixed(values), BinaryColumn.from_fixed(keys),
+                               ts, records_per_batch=1000).data)
+    buffer_pool.release()   # the encoder's own pooled output block: tests count from empty
     return buf, keys, values, ts
 
 
@@ -223,3 +224,36 @@ def test_header_columns_come_from_the_pool_too():
         assert after.hits + after.misses > before.hits + before.misses  # header values pooled
         del cols
     assert buffer_pool.stats().hits > 0
+
+
+def test_encoder_output_comes_from_the_pool_read_only():
+    rng = np.random.default_rng(21)
+    values = rng.integers(0, 256, (N, VALUE), dtype=np.uint8)
+    ts = np.arange(N, dtype=np.int64)
+    col = BinaryColumn.from_fixed(values)
+    buffer_pool.release()
+    first = _core.encode_columns(col, None, ts, records_per_batch=1000)
+    assert isinstance(first.data, memoryview) and first.data.readonly
+    with pytest.raises(TypeError):
+        first.data[0] = 1
+    expected = bytes(first.data)
+    stats = buffer_pool.stats()
+    assert stats.in_use_bytes >= len(expected) and stats.misses >= 1
+    del first
+    assert buffer_pool.stats().free_bytes >= len(expected)   # the block was kept...
+    again = _core.encode_columns(col, None, ts, records_per_batch=1000)
+    assert buffer_pool.stats().hits == stats.hits + 1        # ...and the next encode reused it
+    assert again.data == expected
+    cols = _core.decode_columns(again.data)
+    assert np.array_equal(cols.values.data.reshape(N, VALUE), values)
+    # A view of the output keeps the block alive after the result is gone.
+    view = again.data[100:200]
+    del again, cols
+    assert bytes(view) == expected[100:200]
+
+
+def test_small_encoder_output_is_plain_memory():
+    enc = _core.encode_columns(BinaryColumn.from_fixed(np.zeros((10, 4), dtype=np.uint8)), None, 5)
+    before = buffer_pool.stats()
+    assert isinstance(enc.data, memoryview) and isinstance(enc.data.obj, bytes)
+    assert before.in_use_bytes == 0

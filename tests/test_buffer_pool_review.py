@@ -30,8 +30,8 @@ PARALLEL_DEFAULT = 8 << 20
 
 def _encoded(fill: int, n: int = N) -> bytes:
     values = np.full((n, VALUE), fill, dtype=np.uint8)
-    return _core.encode_columns(BinaryColumn.from_fixed(values), None,
-                                np.arange(n, dtype=np.int64), records_per_batch=500).data
+    return bytes(_core.encode_columns(BinaryColumn.from_fixed(values), None,
+                                np.arange(n, dtype=np.int64), records_per_batch=500).data)
 
 
 def _pooled_buffer(arr):
@@ -64,8 +64,8 @@ def test_pooled_buffers_cannot_be_pickled_or_copied():
         from segstore import _core, buffer_pool
         from segstore.columns import BinaryColumn
         values = np.full((20000, 100), 7, dtype=np.uint8)
-        buf = _core.encode_columns(BinaryColumn.from_fixed(values), None,
-                                   np.arange(20000, dtype=np.int64)).data
+        buf = bytes(_core.encode_columns(BinaryColumn.from_fixed(values), None,
+                                   np.arange(20000, dtype=np.int64)).data)
         cols = _core.decode_columns(buf)
         base = cols.values.data.base
         pb = base.obj if isinstance(base, memoryview) else base
@@ -99,8 +99,8 @@ def test_releasing_the_array_base_does_not_free_the_block():
         from segstore.columns import BinaryColumn
         def enc(fill):
             values = np.full((20000, 100), fill, dtype=np.uint8)
-            return _core.encode_columns(BinaryColumn.from_fixed(values), None,
-                                        np.arange(20000, dtype=np.int64)).data
+            return bytes(_core.encode_columns(BinaryColumn.from_fixed(values), None,
+                                        np.arange(20000, dtype=np.int64)).data)
         arr = _core.decode_columns(enc(7)).values.data
         base = arr.base
         if hasattr(base, "release"):

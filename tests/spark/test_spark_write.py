@@ -343,7 +343,7 @@ def test_router_matches_a_plain_model_across_topics_and_partitions(root, with_he
         assert len(recs) == count and (topic, p) not in got
         got[(topic, p)] = [r.value for r in recs]
         if with_headers:
-            assert all(r.headers == [("i", r.value[1:])] for r in recs)
+            assert all(r.headers == (("i", r.value[1:]),) for r in recs)
     want = {}
     for t, k, p, v in zip(topics, keys, parts, values):
         if p is None:
