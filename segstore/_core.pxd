@@ -35,6 +35,20 @@ cdef enum Status:
     ST_INCOMPLETE = 18           # strict scans: a batch runs past data that should be whole
     ST_ORDER = 19                # encode_columns: a row number in `order` is out of range
 
+# What a cleaner kernel (_map_build.pxi, _clean_filter.pxi) stops for that is not corruption.
+cdef enum:
+    ST_NEED_PYTHON = 100         # the batch at the returned position needs the Python path
+    ST_OUTPUT_FULL = 101         # the output buffer cannot take the next batch
+    ST_MAP_FULL = 102            # an offset map put() found no free slot
+
+# Record batch attribute bits (REF §1.4).
+cdef enum:
+    ATTR_CODEC = 0x07
+    ATTR_LOG_APPEND_TIME = 0x08
+    ATTR_TRANSACTIONAL = 0x10
+    ATTR_CONTROL = 0x20
+    ATTR_DELETE_HORIZON = 0x40
+
 # One scanned batch header (numpy twin: BATCH_DTYPE, same field order, aligned).
 cdef struct BatchHeader:
     int64_t position

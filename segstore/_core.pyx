@@ -6,6 +6,7 @@ Layout of this module:
   * scanning: batch boundaries and headers (REF §1.11), CRC checks;
   * decoding: v2 records into objects or numpy columns, legacy v0/v1 records into objects;
   * encoding: Python lists or numpy columns into v2 batches.
+  * the log cleaner: the offset map, building it over batches, filtering batches (REF §6).
 Parsers are `noexcept nogil` functions over explicit bounds that return a Status; `_raise_status`
 is the one place a status becomes a CorruptRecordError naming file and position.
 """
@@ -137,6 +138,8 @@ include "_decode.pxi"
 include "_records.pxi"
 include "_encode.pxi"
 include "_index.pxi"
-include "_clean.pxi"
+include "_offset_map.pxi"
+include "_map_build.pxi"
+include "_clean_filter.pxi"
 
 _bind_crc32c()
