@@ -168,11 +168,17 @@ cdef int read_varlong_slow(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
                            int64_t* out) noexcept nogil
 
 # One- and two-byte fast paths: most lengths, deltas and counts in a record are below 8192.
+# The general reader gets copies of the position and the result: no address of the caller's
+# variables escapes into a call, so a record walk can keep its position in a register around
+# every varint. (With setup.py's inlining budget GCC also inlines the general readers into the
+# record loops; the copies then cost nothing.) `out` is written only on success.
 cdef inline int read_varint_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
                                  int32_t* out) noexcept nogil:
     cdef Py_ssize_t q = pos[0]
     cdef uint32_t byte
     cdef uint32_t v
+    cdef int32_t value
+    cdef int st
     if q + 1 < end:
         byte = b[q]
         if byte < 0x80:
@@ -184,13 +190,19 @@ cdef inline int read_varint_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t e
             pos[0] = q + 2
             out[0] = <int32_t>((v >> 1) ^ (0 - (v & 1)))
             return ST_OK
-    return read_varint_slow(b, pos, end, out)
+    st = read_varint_slow(b, &q, end, &value)
+    pos[0] = q
+    if st == ST_OK:
+        out[0] = value
+    return st
 
 cdef inline int read_varlong_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
                                   int64_t* out) noexcept nogil:
     cdef Py_ssize_t q = pos[0]
     cdef uint64_t byte
     cdef uint64_t v
+    cdef int64_t value
+    cdef int st
     if q + 1 < end:
         byte = b[q]
         if byte < 0x80:
@@ -202,7 +214,11 @@ cdef inline int read_varlong_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t 
             pos[0] = q + 2
             out[0] = <int64_t>((v >> 1) ^ (0 - (v & 1)))
             return ST_OK
-    return read_varlong_slow(b, pos, end, out)
+    st = read_varlong_slow(b, &q, end, &value)
+    pos[0] = q
+    if st == ST_OK:
+        out[0] = value
+    return st
 
 cdef inline int varint_size(int32_t v) noexcept nogil:
     cdef uint32_t z = (<uint32_t>v << 1) ^ <uint32_t>(v >> 31)

@@ -40,57 +40,6 @@ cdef inline bint _in_aborted(const int64_t* ab, Py_ssize_t n, const BatchHeader*
     return False
 
 
-cdef inline int _varint(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
-                        int32_t* out) noexcept nogil:
-    """read_varint_fast whose out-of-line slow path gets copies of the position and result: no
-    address of the caller's variables escapes into a call, so after inlining the compiler can
-    keep a record walk's position in a register instead of storing and reloading it around
-    every varint (the map build's kernel, same-process best of 20: 25.3 -> 23.0 ms)."""
-    cdef Py_ssize_t q = pos[0]
-    cdef uint32_t byte, v
-    cdef int32_t value
-    cdef int st
-    if q + 1 < end:
-        byte = b[q]
-        if byte < 0x80:
-            pos[0] = q + 1
-            out[0] = <int32_t>((byte >> 1) ^ (0 - (byte & 1)))
-            return ST_OK
-        if b[q + 1] < 0x80:
-            v = (byte & 0x7F) | (<uint32_t>b[q + 1] << 7)
-            pos[0] = q + 2
-            out[0] = <int32_t>((v >> 1) ^ (0 - (v & 1)))
-            return ST_OK
-    st = read_varint_slow(b, &q, end, &value)
-    pos[0] = q
-    out[0] = value
-    return st
-
-
-cdef inline int _varlong(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
-                         int64_t* out) noexcept nogil:
-    """read_varlong_fast in the manner of ``_varint``."""
-    cdef Py_ssize_t q = pos[0]
-    cdef uint64_t byte, v
-    cdef int64_t value
-    cdef int st
-    if q + 1 < end:
-        byte = b[q]
-        if byte < 0x80:
-            pos[0] = q + 1
-            out[0] = <int64_t>((byte >> 1) ^ (0 - (byte & 1)))
-            return ST_OK
-        if b[q + 1] < 0x80:
-            v = (byte & 0x7F) | (<uint64_t>b[q + 1] << 7)
-            pos[0] = q + 2
-            out[0] = <int64_t>((v >> 1) ^ (0 - (v & 1)))
-            return ST_OK
-    st = read_varlong_slow(b, &q, end, &value)
-    pos[0] = q
-    out[0] = value
-    return st
-
-
 cdef inline int _record_fields(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
                                RecordView* r, Py_ssize_t* ts_end,
                                bint need_value=True) noexcept nogil:
@@ -101,7 +50,7 @@ cdef inline int _record_fields(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end
     not add up to its size is rejected (ST_LEFTOVER). ``ts_end`` = where the timestamp delta
     ends (a rebuilt record re-encodes only that delta)."""
     cdef int32_t length
-    cdef int st = _varint(b, pos, end, &length)
+    cdef int st = read_varint_fast(b, pos, end, &length)
     if st != ST_OK:
         return st
     if length < 0:
@@ -112,14 +61,14 @@ cdef inline int _record_fields(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end
     cdef Py_ssize_t p = pos[0] + 1
     if p > rec_end:
         return ST_RECORD_LENGTH
-    st = _varlong(b, &p, rec_end, &r.timestamp_delta)
+    st = read_varlong_fast(b, &p, rec_end, &r.timestamp_delta)
     if st != ST_OK:
         return st
     ts_end[0] = p
-    st = _varint(b, &p, rec_end, &r.offset_delta)
+    st = read_varint_fast(b, &p, rec_end, &r.offset_delta)
     if st != ST_OK:
         return st
-    st = _varint(b, &p, rec_end, &r.key_len)
+    st = read_varint_fast(b, &p, rec_end, &r.key_len)
     if st != ST_OK:
         return st
     if r.key_len < -1:
@@ -132,7 +81,7 @@ cdef inline int _record_fields(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end
         return ST_OK
     if r.key_len > 0:
         p += r.key_len
-    st = _varint(b, &p, rec_end, &r.value_len)
+    st = read_varint_fast(b, &p, rec_end, &r.value_len)
     if st != ST_OK:
         return st
     if r.value_len < -1:
