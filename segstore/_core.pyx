@@ -16,7 +16,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.ref cimport PyObject
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memmove, memset
+from libc.string cimport memcmp, memcpy, memmove, memset
 from cpython.buffer cimport PyBUF_FORMAT
 
 import mmap as _mmap
@@ -89,6 +89,8 @@ _STATUS_MESSAGES = {
     ST_COUNT_OVERFLOW: "batch holds more records than fit its offsets",
     ST_INCOMPLETE: "batch runs past the end of data that holds only whole batches",
     ST_ORDER: "a row number in order is out of range",
+    ST_CHANGED: "batch changed during decode (its bytes differ from when they were counted: "
+                "was the buffer written to while being read?)",
 }
 
 

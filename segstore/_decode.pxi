@@ -92,6 +92,17 @@ cdef struct Region:
     bint release          # the bytes lie in a shared file mapping whose pages may be dropped
 
 
+# Record and byte counts of a column decode's output: a batch's sizes, where its output
+# starts, a sink's running totals, or how far a sink may write.
+cdef struct ColumnCounts:
+    int64_t n               # records
+    int64_t key_bytes
+    int64_t value_bytes
+    int64_t n_headers
+    int64_t hk_bytes        # header keys
+    int64_t hv_bytes        # header values
+
+
 # Output of a column decode; pointers are NULL on the counting pass.
 cdef struct ColumnSink:
     int64_t* offsets
@@ -109,29 +120,71 @@ cdef struct ColumnSink:
     int64_t* hv_offsets
     uint8_t* hv_valid
     uint8_t* hv_data
-    # running totals
-    Py_ssize_t n
-    int64_t key_bytes
-    int64_t value_bytes
-    int64_t n_headers
-    int64_t hk_bytes
-    int64_t hv_bytes
+    ColumnCounts at         # running totals: where the next record's output goes
+    ColumnCounts cap        # filling: the ends no write may pass (unused when counting)
+
+
+cdef inline ColumnCounts _counts_sum(const ColumnCounts* a, const ColumnCounts* b) noexcept nogil:
+    cdef ColumnCounts c
+    c.n = a.n + b.n
+    c.key_bytes = a.key_bytes + b.key_bytes
+    c.value_bytes = a.value_bytes + b.value_bytes
+    c.n_headers = a.n_headers + b.n_headers
+    c.hk_bytes = a.hk_bytes + b.hk_bytes
+    c.hv_bytes = a.hv_bytes + b.hv_bytes
+    return c
+
+
+cdef inline bint _counts_equal(const ColumnCounts* a, const ColumnCounts* b) noexcept nogil:
+    return memcmp(a, b, sizeof(ColumnCounts)) == 0
+
+
+cdef inline int _copy_headers(const uint8_t* b, Py_ssize_t hp, Py_ssize_t end, int32_t count,
+                              ColumnSink* s) noexcept nogil:
+    """Copy one record's headers from hp into the header columns. The bytes were checked by
+    parse_record, but are read again here: each length is checked anew against the buffer
+    and the capacity (ST_CHANGED if they differ from what was counted)."""
+    cdef int32_t k, klen, vlen
+    for k in range(count):
+        if (read_varint(b, &hp, end, &klen) != ST_OK or klen < 0 or klen > end - hp
+                or klen > s.cap.hk_bytes - s.at.hk_bytes or s.at.n_headers >= s.cap.n_headers):
+            return ST_CHANGED
+        memcpy(s.hk_data + s.at.hk_bytes, b + hp, klen)
+        hp += klen
+        s.at.hk_bytes += klen
+        s.hk_offsets[s.at.n_headers + 1] = s.at.hk_bytes
+        if read_varint(b, &hp, end, &vlen) != ST_OK or vlen > end - hp:
+            return ST_CHANGED
+        if vlen >= 0:
+            if vlen > s.cap.hv_bytes - s.at.hv_bytes:
+                return ST_CHANGED
+            memcpy(s.hv_data + s.at.hv_bytes, b + hp, vlen)
+            hp += vlen
+            s.at.hv_bytes += vlen
+            s.hv_valid[s.at.n_headers] = 1
+        else:
+            s.hv_valid[s.at.n_headers] = 0
+        s.hv_offsets[s.at.n_headers + 1] = s.at.hv_bytes
+        s.at.n_headers += 1
+    return ST_OK
 
 
 cdef int decode_region_columns(const Region* reg, const BatchHeader* h, int64_t min_offset,
                                int64_t end_offset, Py_ssize_t max_records, bint headers,
                                ColumnSink* s, Py_ssize_t* err_pos) noexcept nogil:
-    """Count (sink pointers NULL) or write the selected records of one batch into columns."""
+    """Count (sink pointers NULL) or write the selected records of one batch into columns.
+
+    Writing never passes ``s.cap``: the arrays were sized by a counting pass over the same
+    bytes, but a buffer written to meanwhile (a bytearray, a shared mapping) can hold other
+    lengths now, which return ST_CHANGED instead of writing past the arrays' ends."""
     cdef const uint8_t* b = reg.data
     cdef Py_ssize_t pos = reg.start
     cdef RecordView r
     cdef int st
     cdef int32_t j, prev = -1
-    cdef int32_t klen, vlen, k
     cdef int64_t offset, ts
     cdef bint log_append = (h.attributes & 0x08) != 0
     cdef bint fill = s.offsets != NULL
-    cdef Py_ssize_t hp
     if h.records_count < 0:
         err_pos[0] = reg.position
         return ST_RECORD_COUNT
@@ -145,56 +198,45 @@ cdef int decode_region_columns(const Region* reg, const BatchHeader* h, int64_t 
             return ST_OFFSET_DELTA
         prev = r.offset_delta
         offset = h.base_offset + r.offset_delta
-        if offset < min_offset or offset >= end_offset or s.n >= max_records:
+        if offset < min_offset or offset >= end_offset or s.at.n >= max_records:
             continue
         if fill:
+            if (s.at.n >= s.cap.n or r.key_len > s.cap.key_bytes - s.at.key_bytes
+                    or r.value_len > s.cap.value_bytes - s.at.value_bytes):
+                err_pos[0] = reg.position
+                return ST_CHANGED
             ts = h.max_timestamp if log_append else h.base_timestamp + r.timestamp_delta
-            s.offsets[s.n] = offset
-            s.timestamps[s.n] = ts
-            s.ts_types[s.n] = 1 if log_append else 0
+            s.offsets[s.at.n] = offset
+            s.timestamps[s.at.n] = ts
+            s.ts_types[s.at.n] = 1 if log_append else 0
             if r.key_len >= 0:
-                memcpy(s.key_data + s.key_bytes, b + r.key_pos, r.key_len)
-                s.key_valid[s.n] = 1
+                memcpy(s.key_data + s.at.key_bytes, b + r.key_pos, r.key_len)
+                s.key_valid[s.at.n] = 1
             else:
-                s.key_valid[s.n] = 0
+                s.key_valid[s.at.n] = 0
             if r.value_len >= 0:
-                memcpy(s.value_data + s.value_bytes, b + r.value_pos, r.value_len)
-                s.value_valid[s.n] = 1
+                memcpy(s.value_data + s.at.value_bytes, b + r.value_pos, r.value_len)
+                s.value_valid[s.at.n] = 1
             else:
-                s.value_valid[s.n] = 0
+                s.value_valid[s.at.n] = 0
         if r.key_len > 0:
-            s.key_bytes += r.key_len
+            s.at.key_bytes += r.key_len
         if r.value_len > 0:
-            s.value_bytes += r.value_len
+            s.at.value_bytes += r.value_len
         if headers:
             if fill:
-                hp = r.headers_pos
-                for k in range(r.header_count):
-                    # Already validated by parse_record; read_varint cannot fail here.
-                    read_varint(b, &hp, reg.end, &klen)
-                    memcpy(s.hk_data + s.hk_bytes, b + hp, klen)
-                    hp += klen
-                    s.hk_bytes += klen
-                    s.hk_offsets[s.n_headers + 1] = s.hk_bytes
-                    read_varint(b, &hp, reg.end, &vlen)
-                    if vlen >= 0:
-                        memcpy(s.hv_data + s.hv_bytes, b + hp, vlen)
-                        hp += vlen
-                        s.hv_bytes += vlen
-                        s.hv_valid[s.n_headers] = 1
-                    else:
-                        s.hv_valid[s.n_headers] = 0
-                    s.hv_offsets[s.n_headers + 1] = s.hv_bytes
-                    s.n_headers += 1
-                s.hdr_offsets[s.n + 1] = s.n_headers
+                if _copy_headers(b, r.headers_pos, reg.end, r.header_count, s) != ST_OK:
+                    err_pos[0] = reg.position
+                    return ST_CHANGED
+                s.hdr_offsets[s.at.n + 1] = s.at.n_headers
             else:
-                s.n_headers += r.header_count
-                s.hk_bytes += r.header_key_bytes
-                s.hv_bytes += r.header_value_bytes
+                s.at.n_headers += r.header_count
+                s.at.hk_bytes += r.header_key_bytes
+                s.at.hv_bytes += r.header_value_bytes
         if fill:
-            s.key_offsets[s.n + 1] = s.key_bytes
-            s.value_offsets[s.n + 1] = s.value_bytes
-        s.n += 1
+            s.key_offsets[s.at.n + 1] = s.at.key_bytes
+            s.value_offsets[s.at.n + 1] = s.at.value_bytes
+        s.at.n += 1
     if pos != reg.end:
         err_pos[0] = reg.position
         return ST_LEFTOVER
@@ -424,27 +466,24 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     cdef BatchOut* o
     cdef ColumnSink cut
     cdef Py_ssize_t err
-    cdef int64_t n = 0, kb = 0, vb = 0, nh = 0, hkb = 0, hvb = 0
+    cdef ColumnCounts total
+    memset(&total, 0, sizeof(ColumnCounts))
     for i in range(tail):
         o = &job.outs[i]
-        if n >= limit:
-            o.n = 0
+        if total.n >= limit:
+            memset(&o.size, 0, sizeof(ColumnCounts))
             continue
-        if n + o.n > limit:
+        if total.n + o.size.n > limit:
             # max_records cuts this batch short: count the bytes of the records it keeps (the
             # fill pass stops at `limit` records).
             memset(&cut, 0, sizeof(ColumnSink))
-            decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit - n,
+            decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit - total.n,
                                   include_headers, &cut, &err)
-            o.n, o.key_bytes, o.value_bytes = cut.n, cut.key_bytes, cut.value_bytes
-            o.n_headers, o.hk_bytes, o.hv_bytes = cut.n_headers, cut.hk_bytes, cut.hv_bytes
-        o.n0, o.k0, o.v0, o.h0, o.hk0, o.hv0 = n, kb, vb, nh, hkb, hvb
-        n += o.n
-        kb += o.key_bytes
-        vb += o.value_bytes
-        nh += o.n_headers
-        hkb += o.hk_bytes
-        hvb += o.hv_bytes
+            o.size = cut.at
+        o.start = total
+        total = _counts_sum(&total, &o.size)
+    cdef int64_t n = total.n, kb = total.key_bytes, vb = total.value_bytes
+    cdef int64_t nh = total.n_headers, hkb = total.hk_bytes, hvb = total.hv_bytes
     job.limit = n
     # The tail's sizes are bounded by its batches: no more records than their counts (nor
     # than fit their bytes, against corrupt counts), no more key or value bytes than theirs.
@@ -500,18 +539,20 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
                      value_offsets, value_valid, value_data))
     if include_headers:
         job.keep.append((hdr_offsets, hk_offsets, hk_data, hv_offsets, hv_valid, hv_data))
+    if _between_passes is not None:
+        _between_passes()
     cdef Py_ssize_t split = _split_point(regs, 0, regs.n)
     if tail < regs.n:
         job.tail = job.sink
-        job.tail.n, job.tail.key_bytes, job.tail.value_bytes = n, kb, vb
+        job.tail.at = total
+        job.tail.cap = total
+        job.tail.cap.n, job.tail.cap.key_bytes, job.tail.cap.value_bytes = n_cap, kb_cap, vb_cap
         other = _second_core(job.fill_tail, tail, regs.n)
         if n:
             job.fill(0, tail)
         other.result()
-        for i in range(tail, regs.n):
-            _raise_status(job.outs[i].status, job.outs[i].err_pos,
-                          files[regs.items[i].source])
-        n, kb, vb = job.tail.n, job.tail.key_bytes, job.tail.value_bytes
+        _raise_first(job, 0, regs.n, files)
+        n, kb, vb = job.tail.at.n, job.tail.at.key_bytes, job.tail.at.value_bytes
         offsets, timestamps, ts_types = offsets[:n], timestamps[:n], ts_types[:n]
         key_offsets, key_valid, key_data = key_offsets[:n + 1], key_valid[:n], key_data[:kb]
         value_offsets, value_valid = value_offsets[:n + 1], value_valid[:n]
@@ -523,6 +564,7 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
             other.result()
         else:
             job.fill(0, regs.n)
+        _raise_first(job, 0, regs.n, files)
     if include_headers:
         header_col = HeaderColumn(
             hdr_offsets,
@@ -532,6 +574,19 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
                          BinaryColumn(key_data, key_offsets, key_valid),
                          BinaryColumn(value_data, value_offsets, value_valid),
                          header_col, topic, partition)
+
+
+_between_passes = None
+
+
+def _set_between_passes(hook):
+    """Tests: run ``hook()`` in every column decode between its counting and filling passes
+    (after the arrays are allocated), as another writer of the buffer could; None turns it
+    off. Returns the previous hook."""
+    global _between_passes
+    old = _between_passes
+    _between_passes = hook
+    return old
 
 
 cdef size_t _addr(arr, dummy):

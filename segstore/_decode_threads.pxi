@@ -6,8 +6,8 @@
 cdef struct BatchOut:
     int status
     Py_ssize_t err_pos
-    int64_t n, key_bytes, value_bytes, n_headers, hk_bytes, hv_bytes   # sizes
-    int64_t n0, k0, v0, h0, hk0, hv0                                    # where it starts
+    ColumnCounts size       # its selected records and their bytes
+    ColumnCounts start      # where its output starts
 
 
 cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
@@ -34,12 +34,7 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
             memset(&s, 0, sizeof(ColumnSink))
             outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers, &s,
                                                    &outs[i].err_pos)
-            outs[i].n = s.n
-            outs[i].key_bytes = s.key_bytes
-            outs[i].value_bytes = s.value_bytes
-            outs[i].n_headers = s.n_headers
-            outs[i].hk_bytes = s.hk_bytes
-            outs[i].hv_bytes = s.hv_bytes
+            outs[i].size = s.at
         if outs[i].status != ST_OK:
             return 0
     return 0
@@ -48,23 +43,27 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
 cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
                         int64_t hi, int64_t limit, bint headers, const ColumnSink* base,
                         BatchOut* outs) noexcept nogil:
-    """Fill pass over regions [i0, i1): each batch writes at its precomputed positions."""
+    """Fill pass over regions [i0, i1): each batch writes at its precomputed positions, and
+    only there. A batch that does not fill its place exactly (its bytes changed since they
+    were counted) stops the pass with ST_CHANGED in its ``outs``."""
     cdef Py_ssize_t i
     cdef ColumnSink s
-    cdef Py_ssize_t err
+    cdef BatchOut* o
+    cdef int st
     cdef size_t run_lo = 0, run_hi = 0
     for i in range(i0, i1):
-        if outs[i].n == 0 or outs[i].n0 >= limit:
+        o = &outs[i]
+        if o.size.n == 0 or o.start.n >= limit:
             continue
         s = base[0]
-        s.n = outs[i].n0
-        s.key_bytes = outs[i].k0
-        s.value_bytes = outs[i].v0
-        s.n_headers = outs[i].h0
-        s.hk_bytes = outs[i].hk0
-        s.hv_bytes = outs[i].hv0
-        decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit, headers, &s,
-                              &err)
+        s.at = o.start
+        s.cap = _counts_sum(&o.start, &o.size)
+        st = decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit, headers,
+                                   &s, &o.err_pos)
+        if st != ST_OK or not _counts_equal(&s.at, &s.cap):
+            o.status = ST_CHANGED
+            o.err_pos = regs.items[i].position
+            break
         _release_batch(&regs.items[i], &run_lo, &run_hi, False)
     _release_batch(NULL, &run_lo, &run_hi, True)
 
@@ -77,8 +76,9 @@ cdef enum:
 cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, int64_t hi,
                      ColumnSink* s, BatchOut* outs) noexcept nogil:
     """Check and copy regions [i0, i1) in one pass, each batch while its bytes are hot, writing
-    on from the sink's running totals (no counting pass: the arrays were sized by an upper
-    bound). Stops at the first damaged batch, whose status it leaves in ``outs``."""
+    on from the sink's running totals up to its capacity (no counting pass: the arrays were
+    sized by an upper bound). Stops at the first damaged batch, whose status it leaves in
+    ``outs``."""
     cdef Py_ssize_t i
     cdef Region* reg
     cdef const BatchHeader* h
@@ -239,9 +239,9 @@ cdef int64_t _count_regions(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1, list f
         other.result()
     elif i0 < i1:
         job.count(i0, i1)
+    _raise_first(job, i0, i1, files)
     for i in range(i0, i1):
-        _raise_status(job.outs[i].status, job.outs[i].err_pos, files[job.regs.items[i].source])
-        n += job.outs[i].n
+        n += job.outs[i].size.n
     return n
 
 
@@ -251,3 +251,10 @@ cdef int _raise_after(_DecodeJob job, Py_ssize_t counted, list files, int status
     (so the first damaged batch in order is the one named)."""
     _count_regions(job, counted, job.regs.n, files)
     _raise_status(status, position, file)
+
+
+cdef int _raise_first(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1, list files) except -1:
+    """Raise the first damage that a pass over regions [i0, i1) left in their ``outs``."""
+    cdef Py_ssize_t i
+    for i in range(i0, i1):
+        _raise_status(job.outs[i].status, job.outs[i].err_pos, files[job.regs.items[i].source])
