@@ -89,8 +89,8 @@ _STATUS_MESSAGES = {
     ST_COUNT_OVERFLOW: "batch holds more records than fit its offsets",
     ST_INCOMPLETE: "batch runs past the end of data that holds only whole batches",
     ST_ORDER: "a row number in order is out of range",
-    ST_CHANGED: "batch changed during decode (its bytes differ from when they were counted: "
-                "was the buffer written to while being read?)",
+    ST_CHANGED: "batch changed during decode (its bytes differ from when they were first "
+                "read: was the buffer written to while being read?)",
 }
 
 

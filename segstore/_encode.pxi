@@ -285,14 +285,20 @@ def encode_control_batch(int control_type, *, int64_t producer_id, int producer_
                    producer_id, producer_epoch, -1, True, True, partition_leader_epoch, None)
 
 
-cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
-                       const uint8_t* vv, const int64_t* ts, bint ts_scalar,
+cdef inline bint _span_ok(const int64_t* offsets, Py_ssize_t s, int64_t data_len) noexcept nogil:
+    # Row s of a binary column lies inside its data (checked row by row: with `order`, rows
+    # are visited out of turn, so the column's first and last offsets bound nothing).
+    return 0 <= offsets[s] <= offsets[s + 1] <= data_len
+
+
+cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, int64_t kd_len, const int64_t* vo,
+                       const uint8_t* vv, int64_t vd_len, const int64_t* ts, bint ts_scalar,
                        const int64_t* order, Py_ssize_t n_src, Py_ssize_t n,
                        Py_ssize_t per_batch, int64_t max_bytes, int64_t* starts,
                        int64_t* positions, Py_ssize_t* nbatches, int64_t* total) noexcept nogil:
     """Split records into batches: `starts` gets each batch's first record index and
-    `positions` its first byte, so batches can then be written independently. Record i is
-    row order[i] of the columns (row i when order is NULL)."""
+    `positions` its first byte (one more: the end), so batches can then be written
+    independently. Record i is row order[i] of the columns (row i when order is NULL)."""
     cdef Py_ssize_t i, s, count = 0
     cdef int64_t size = 0, rec, body, base_ts = 0, klen, vlen
     nbatches[0] = 0
@@ -303,10 +309,11 @@ cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
             s = order[i]
             if s < 0 or s >= n_src:
                 return ST_ORDER
+        if not _span_ok(vo, s, vd_len) or (ko != NULL and not _span_ok(ko, s, kd_len)):
+            return ST_RECORD_LENGTH
         klen = (ko[s + 1] - ko[s]) if (ko != NULL and kv[s]) else -1
         vlen = (vo[s + 1] - vo[s]) if vv[s] else -1
-        if klen > MAX_RECORD_FIELD or vlen > MAX_RECORD_FIELD or (vo[s + 1] < vo[s]) or (
-                ko != NULL and ko[s + 1] < ko[s]):
+        if klen > MAX_RECORD_FIELD or vlen > MAX_RECORD_FIELD:
             return ST_RECORD_LENGTH
         if count == 0:
             base_ts = ts[0] if ts_scalar else ts[s]
@@ -329,22 +336,27 @@ cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, const int64_t* vo,
     if count:
         total[0] += V2_HEADER_C + size
     starts[nbatches[0]] = n
+    positions[nbatches[0]] = total[0]
     return ST_OK
 
 
-cdef void _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, const uint8_t* kv,
-                         const uint8_t* vd, const int64_t* vo, const uint8_t* vv,
-                         const int64_t* ts, bint ts_scalar, const int64_t* order,
-                         const int64_t* starts, const int64_t* positions, Py_ssize_t b0,
-                         Py_ssize_t b1,
-                         int64_t base_offset, int32_t leader_epoch,
-                         int16_t attributes, int64_t log_append_time,
-                         BatchHeader* hdrs) noexcept nogil:
+cdef int _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, const uint8_t* kv,
+                        int64_t kd_len, const uint8_t* vd, const int64_t* vo, const uint8_t* vv,
+                        int64_t vd_len, const int64_t* ts, bint ts_scalar, const int64_t* order,
+                        Py_ssize_t n_src, const int64_t* starts, const int64_t* positions,
+                        Py_ssize_t b0, Py_ssize_t b1, int64_t base_offset, int32_t leader_epoch,
+                        int16_t attributes, int64_t log_append_time,
+                        BatchHeader* hdrs) noexcept nogil:
     """Write batches [b0, b1) at their planned positions (independent of each other); record i
-    is row order[i] of the columns (row i when order is NULL), bounds checked by the plan."""
+    is row order[i] of the columns (row i when order is NULL).
+
+    The columns are read again after the plan, and a caller's arrays can be written to
+    meanwhile: every row and length is checked anew, and a batch must fill its planned bytes
+    exactly, else ST_CHANGED (nothing is written past the batch's place)."""
     cdef Py_ssize_t b, i, s
     cdef int64_t pos, t, body, klen, vlen
     cdef uint8_t* p
+    cdef uint8_t* batch_end
     cdef BatchHeader* h
     for b in range(b0, b1):
         pos = positions[b]
@@ -361,29 +373,42 @@ cdef void _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, con
         h.producer_epoch = -1
         h.base_sequence = -1
         s = starts[b] if order == NULL else order[starts[b]]
+        if s < 0 or s >= n_src:
+            return ST_CHANGED
         h.base_timestamp = ts[0] if ts_scalar else ts[s]
         h.max_timestamp = h.base_timestamp
         p = out + pos + V2_HEADER_C
+        batch_end = out + positions[b + 1]
         for i in range(starts[b], starts[b + 1]):
             s = i if order == NULL else order[i]
+            if (s < 0 or s >= n_src or not _span_ok(vo, s, vd_len)
+                    or (ko != NULL and not _span_ok(ko, s, kd_len))):
+                return ST_CHANGED
             t = ts[0] if ts_scalar else ts[s]
             if t > h.max_timestamp:
                 h.max_timestamp = t
             klen = (ko[s + 1] - ko[s]) if (ko != NULL and kv[s]) else -1
             vlen = (vo[s + 1] - vo[s]) if vv[s] else -1
+            if klen > MAX_RECORD_FIELD or vlen > MAX_RECORD_FIELD:
+                return ST_CHANGED
             body = _record_body_size(t - h.base_timestamp, <int32_t>(i - starts[b]),
                                      <int32_t>klen, <int32_t>vlen, 0, 0)
+            if varint_size(<int32_t>body) + body > batch_end - p:
+                return ST_CHANGED
             p = _write_record_head(p, <int32_t>body, t - h.base_timestamp,
                                    <int32_t>(i - starts[b]),
                                    (kd + ko[s]) if klen > 0 else NULL, <int32_t>klen,
                                    (vd + vo[s]) if vlen > 0 else NULL, <int32_t>vlen)
             p[0] = 0  # header count
             p += 1
+        if p != batch_end:
+            return ST_CHANGED
         if log_append_time >= 0:
             h.max_timestamp = log_append_time
         h.size = <int32_t>(p - (out + pos))
         h.crc = 0
         _write_batch_header(out + pos, h)
+    return ST_OK
 
 
 cdef object _output_buffer(int64_t nbytes):
@@ -410,9 +435,12 @@ cdef class _EncodeJob:
     cdef const uint8_t* kd
     cdef const int64_t* ko
     cdef const uint8_t* kv
+    cdef int64_t kd_len
     cdef const uint8_t* vd
     cdef const int64_t* vo
     cdef const uint8_t* vv
+    cdef int64_t vd_len
+    cdef Py_ssize_t n_src
     cdef const int64_t* ts
     cdef bint ts_scalar
     cdef const int64_t* order
@@ -427,14 +455,16 @@ cdef class _EncodeJob:
     cdef BatchHeader* hdrs
 
     def write(self, Py_ssize_t b0, Py_ssize_t b1):
+        """Write (and checksum) batches [b0, b1); returns the status of the writing."""
+        cdef int st
         with nogil:
-            _write_columns(self.out, self.kd, self.ko, self.kv, self.vd, self.vo, self.vv,
-                           self.ts, self.ts_scalar, self.order, self.starts, self.positions,
-                           b0, b1,
-                           self.base_offset, self.leader_epoch, self.attributes,
-                           self.log_append_time, self.hdrs)
-        if not self.crc:
-            return
+            st = _write_columns(self.out, self.kd, self.ko, self.kv, self.kd_len, self.vd,
+                                self.vo, self.vv, self.vd_len, self.ts, self.ts_scalar,
+                                self.order, self.n_src, self.starts, self.positions, b0, b1,
+                                self.base_offset, self.leader_epoch, self.attributes,
+                                self.log_append_time, self.hdrs)
+        if st != ST_OK or not self.crc:
+            return st
         cdef Py_ssize_t b
         cdef BatchHeader* h
         if _crc_fn != NULL:
@@ -443,12 +473,13 @@ cdef class _EncodeJob:
                     h = &self.hdrs[b]
                     h.crc = crc32c_c(self.out + h.position + 21, h.size - 21)
                     wr_u32(self.out + h.position + 17, h.crc)
-            return
+            return st
         mv = memoryview(self.out_obj)
         for b in range(b0, b1):
             h = &self.hdrs[b]
             h.crc = _crc32c_pkg(mv[h.position + 21:h.position + h.size])
             wr_u32(self.out + h.position + 17, h.crc)
+        return st
 
 
 def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset=0,
@@ -480,6 +511,7 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     cdef const int64_t* kop = NULL
     cdef const uint8_t* kvp = NULL
     cdef const uint8_t* kdp = NULL
+    cdef int64_t kd_len = 0
     if n == 0:
         return EncodedBatches(memoryview(b""), np.empty(0, dtype=BATCH_DTYPE))
     if vo.shape[0] != n_src + 1 or vv.shape[0] != n_src:
@@ -497,6 +529,7 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
         kop = &ko[0]
         kvp = &kv[0]
         kdp = _ptr(kd)
+        kd_len = kd.shape[0]
     cdef bint ts_scalar
     if timestamps_ms is None or isinstance(timestamps_ms, int):
         ts_arr = np.array([_now_ms() if timestamps_ms is None else timestamps_ms], dtype=np.int64)
@@ -514,20 +547,22 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     cdef int64_t total = 0
     cdef int st
     with nogil:
-        st = _plan_columns(kop, kvp, &vo[0], &vv[0], &ts[0], ts_scalar, ordp, n_src, n,
-                           records_per_batch, max_batch_bytes, &starts[0], &positions[0],
-                           &nbatches, &total)
+        st = _plan_columns(kop, kvp, kd_len, &vo[0], &vv[0], vd.shape[0], &ts[0], ts_scalar,
+                           ordp, n_src, n, records_per_batch, max_batch_bytes, &starts[0],
+                           &positions[0], &nbatches, &total)
     if st == ST_ORDER:
         raise ValueError(f"order holds a row number outside [0, {n_src})")
     if st != ST_OK:
-        raise InvalidRecordError("column offsets are not increasing or a value exceeds 2 GiB")
+        raise InvalidRecordError("column offsets are not increasing, point outside the data, "
+                                 "or a value exceeds 2 GiB")
     out = _output_buffer(total)  # filled below before anyone sees it
     hdr_arr = np.zeros(nbatches, dtype=BATCH_DTYPE)
     cdef _EncodeJob job = _EncodeJob.__new__(_EncodeJob)
     job.out_obj = out
     job.out = _writable_ptr(out)
-    job.kd, job.ko, job.kv = kdp, kop, kvp
-    job.vd, job.vo, job.vv = _ptr(vd), &vo[0], &vv[0]
+    job.kd, job.ko, job.kv, job.kd_len = kdp, kop, kvp, kd_len
+    job.vd, job.vo, job.vv, job.vd_len = _ptr(vd), &vo[0], &vv[0], vd.shape[0]
+    job.n_src = n_src
     job.ts, job.ts_scalar = &ts[0], ts_scalar
     job.order = ordp
     job.starts, job.positions = &starts[0], &positions[0]
@@ -542,12 +577,18 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     # Batches are independent once planned: two threads write (and checksum) halves.
     cdef Py_ssize_t split = nbatches // 2 if total >= PARALLEL_MIN_BYTES and nbatches >= 2 \
         else nbatches
+    if _between_passes is not None:
+        _between_passes()
     if split < nbatches:
         other = _second_core(job.write, split, nbatches)
-        job.write(0, split)
-        other.result()
+        st = job.write(0, split)
+        st2 = other.result()
+        st = st if st != ST_OK else st2
     else:
-        job.write(0, nbatches)
+        st = job.write(0, nbatches)
+    if st != ST_OK:
+        raise InvalidRecordError("the columns changed during encode_columns (written to while "
+                                 "being encoded?)")
     cdef BatchHeader* hp = job.hdrs
     cdef Py_ssize_t b
     if codec == 0:

@@ -129,10 +129,15 @@ cdef int _decode_region_records(list out, const Region* reg, const BatchHeader* 
             header_list = []
             hp = r.headers_pos
             for k in range(r.header_count):
-                read_varint(b, &hp, reg.end, &klen)
+                # Read again after parse_record checked them: a buffer written to meanwhile
+                # (a shared mapping) can hold other lengths now, so each is checked anew.
+                if (read_varint(b, &hp, reg.end, &klen) != ST_OK or klen < 0
+                        or klen > reg.end - hp):
+                    _raise_status(ST_CHANGED, reg.position, file)
                 hkey = PyUnicode_DecodeUTF8(<const char*>(b + hp), klen, "replace")
                 hp += klen
-                read_varint(b, &hp, reg.end, &vlen)
+                if read_varint(b, &hp, reg.end, &vlen) != ST_OK or vlen > reg.end - hp:
+                    _raise_status(ST_CHANGED, reg.position, file)
                 hval = _bytes_or_none(b, hp, vlen)
                 if vlen > 0:
                     hp += vlen

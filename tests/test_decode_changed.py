@@ -1,4 +1,4 @@
-"""A buffer written to between a column decode's counting and filling passes.
+"""A buffer written to between the counting and filling passes of a column decode (or encode).
 
 Column decode counts the selected records and bytes of each batch, sizes the arrays by those
 counts, then parses the batches again to fill them. A caller's ``bytearray`` (or a writable
@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
 
 from conftest import batch_spans, check_columns, columns_tuples, rec_tuple
 from segstore import _core
-from segstore.errors import CorruptRecordError
+from segstore.columns import BinaryColumn
+from segstore.errors import CorruptRecordError, InvalidRecordError
 
 N_BATCHES = 6
 PER_BATCH = 5
@@ -184,3 +186,76 @@ def test_an_unchanged_buffer_decodes_with_the_hook_set(split):
         _core._set_between_passes(old)
     assert calls == [1]
     assert columns_tuples(cols) == [rec_tuple(r) for r in _core.decode_records(before)]
+
+
+# ----------------------------------------------------------------------------------------------
+# encode_columns plans every batch's size from the columns, then writes them (the same hook runs
+# between): columns written to meanwhile must not make it write past its output.
+
+def _columns(n: int = 40):
+    """Values, keys and timestamps; the values' data runs 16 bytes past the last value (so a
+    value can grow and still lie inside it)."""
+    packed = BinaryColumn.from_pylist([b"v%03d" % i * 3 for i in range(n)])
+    values = BinaryColumn(np.concatenate([packed.data, np.zeros(16, np.uint8)]),
+                          packed.offsets.copy(), packed.valid)
+    keys = BinaryColumn.from_pylist([b"key-%02d" % i for i in range(n)])
+    return values, keys, 1_000 + np.arange(n, dtype=np.int64)
+
+
+@contextlib.contextmanager
+def calling_between_passes(fn):
+    old = _core._set_between_passes(fn)
+    try:
+        yield
+    finally:
+        _core._set_between_passes(old)
+
+
+@pytest.mark.parametrize("change", ["longer value", "value past the data", "shorter value",
+                                    "later timestamp", "order out of range",
+                                    "first row out of range"])
+def test_columns_changed_during_encode_raise(split, change):
+    values, keys, ts = _columns()
+    order = np.arange(len(ts), dtype=np.int64)
+    last = len(ts) - 1    # in the last batch: its end is the output's end
+
+    def rewrite():
+        if change == "longer value":       # 4 more bytes, still inside the data
+            values.offsets[last + 1] += 4
+        elif change == "value past the data":
+            values.offsets[last + 1] += 17
+        elif change == "shorter value":    # the batch would leave bytes unwritten
+            values.offsets[last + 1] -= 4
+        elif change == "later timestamp":  # a longer timestamp delta varint
+            ts[last] += 1 << 40
+        elif change == "order out of range":
+            order[last] = 1 << 40
+        else:                              # the row a batch takes its base timestamp from
+            order[32] = -1
+
+    with calling_between_passes(rewrite):
+        with pytest.raises(InvalidRecordError, match="changed during encode_columns"):
+            _core.encode_columns(values, keys, ts, records_per_batch=8, order=order)
+
+
+def test_unchanged_columns_encode_with_the_hook_set(split):
+    values, keys, ts = _columns()
+    calls = []
+    with calling_between_passes(lambda: calls.append(1)):
+        res = _core.encode_columns(values, keys, ts, records_per_batch=8)
+    assert calls == [1]
+    assert [rec_tuple(r)[:5] for r in _core.decode_records(res.data)] == [
+        (i, int(ts[i]), 0, keys[i], values[i]) for i in range(len(ts))]
+
+
+def test_order_cannot_pick_a_row_whose_offsets_point_outside_the_data():
+    """With ``order``, unpicked rows are never looked at: the column's first and last offsets
+    bound nothing, so every picked row is checked against the data's length."""
+    data = np.frombuffer(b"abcde", dtype=np.uint8).copy()
+    values = BinaryColumn(data, np.array([0, 100_000, 5], dtype=np.int64),
+                          np.array([True, True]))
+    with pytest.raises(InvalidRecordError, match="point outside the data"):
+        _core.encode_columns(values, None, 0, order=[0])
+    keys = BinaryColumn(data, np.array([0, 5, -3], dtype=np.int64), np.array([True, True]))
+    with pytest.raises(InvalidRecordError, match="point outside the data"):
+        _core.encode_columns(BinaryColumn.from_pylist([b"a", b"b"]), keys, 0, order=[1])
