@@ -364,110 +364,139 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     With ``max_records`` the batches are checked and decoded only up to the one holding the
     last record returned: damage after it does not fail the decode.
     """
-    cdef int64_t lo = _opt_i64(min_offset, -INT64_MAX_C - 1)
-    cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C)
     cdef int64_t limit = INT64_MAX_C if max_records is None else max_records
     if limit < 0:
         raise ValueError(f"max_records must be >= 0, got {max_records}")
+    cdef _DecodeJob job = _new_job(_opt_i64(min_offset, -INT64_MAX_C - 1),
+                                   _opt_i64(end_offset, INT64_MAX_C), include_headers)
+    cdef list files = []
+    if _select_batches(job, sources, files, limit, validate_crc, strict, max_records is not None):
+        return _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc,
+                               include_headers, topic, partition)
+    cdef Py_ssize_t tail = _tail_start(job, limit, validate_crc)
+    _count_regions(job, job.counted, tail, files)   # pass 1 over the rest of the head
+    _place_outputs(job, tail, limit)
+    _bound_sizes(job, tail)
+    cdef _ColumnArrays arrays = _allocate_columns(&job.sink, &job.cap, include_headers)
+    # The job holds the arrays its sink points into: if the wait for the other thread is
+    # interrupted, they outlive this call until that thread is done.
+    job.keep.append(arrays)
+    if _between_passes is not None:
+        _between_passes()
+    _fill_columns(job, tail, files)
+    return arrays.columns(&job.tail.at if tail < job.regs.n else &job.total, include_headers,
+                          topic, partition)
+
+
+cdef _DecodeJob _new_job(int64_t lo, int64_t hi, bint headers):
+    """A column decode of the records in [lo, hi), with or without their headers."""
     cdef _DecodeJob job = _DecodeJob.__new__(_DecodeJob)
-    cdef _Regions regs = _Regions.__new__(_Regions)
-    regs.keep = []
-    job.regs = regs
+    job.regs = _Regions.__new__(_Regions)
+    job.regs.keep = []
     job.mvs = []
     job.keep = []
     job.lo = lo
     job.hi = hi
-    job.headers = include_headers
-    cdef list files = []
-    cdef const uint8_t[::1] view
-    cdef const uint8_t* base
-    cdef Py_ssize_t e, pos, i, k
+    job.headers = headers
+    return job
+
+
+cdef int _select_batches(_DecodeJob job, sources, list files, int64_t limit, bint validate_crc,
+                         bint strict, bint chunked) except -1:
+    """Take the v2 batches of the sources that hold records of [lo, hi) as regions, up to the
+    one holding the last record wanted, and count them (pass 1) as soon as that one may be
+    among them. Returns 1 at a v0/v1 batch (such data is decoded as records instead)."""
+    # Pass 1 (CRC and sizes) has run over regions [0, counted); those after it hold at most
+    # `bound` records (their headers' counts). A batch is taken only while the records before
+    # it may be fewer than the `need` still wanted, so it is always needed: every kept batch
+    # is checked, and no batch after the last one needed is looked at.
+    job.need = limit
+    job.bound = 0
+    job.counted = 0
+    for k, src in enumerate(sources):
+        if job.need <= 0:
+            break
+        if _select_from_range(job, k, src, files, validate_crc, strict, chunked):
+            return 1
+    return 0
+
+
+cdef int _select_from_range(_DecodeJob job, int k, object src, list files, bint validate_crc,
+                            bint strict, bint chunked) except -1:
+    """_select_batches over source ``k``; returns 1 at a v0/v1 batch."""
+    buf, start, end, file = src[:4]
+    cdef bint release = len(src) > 4 and bool(src[4])
+    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t* base = _ptr(view)
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end), pos = start, i
+    cdef _Regions regs = job.regs
+    mv = _byte_view(buf)
+    job.mvs.append(mv)
+    files.append(file)
     # With max_records the headers are scanned a few batches at a time (more each time), so
     # the scan stops soon after the batches needed; without, in one go.
-    cdef Py_ssize_t chunk, first_chunk = -1 if max_records is None else 16
+    cdef Py_ssize_t chunk = 16 if chunked else -1
     cdef _Scan scan
     cdef HeaderVec* vec
     cdef BatchHeader* h
     cdef Region* reg
     cdef int codec
-    cdef bint skip, release
-    # Pass 1 (CRC and sizes) has run over regions [0, counted); those after it hold at most
-    # `bound` records (their headers' counts). A batch is taken only while the records before
-    # it may be fewer than the `need` still wanted, so it is always needed: every kept batch
-    # is checked, and no batch after the last one needed is looked at.
-    cdef int64_t need = limit, bound = 0
-    cdef Py_ssize_t counted = 0
-    for k, src in enumerate(sources):
-        if need <= 0:
-            break
-        buf, start, end, file = src[:4]
-        release = len(src) > 4 and bool(src[4])
-        view = buf
-        base = _ptr(view)
-        e = _resolve_end(view.shape[0], start, end)
-        mv = _byte_view(buf)
-        job.mvs.append(mv)
-        files.append(file)
-        pos = start
-        chunk = first_chunk
-        while need > 0:
-            scan = _scan(buf, view, pos, e, False, chunk, strict)
-            job.keep.append(scan)
-            vec = &scan.headers.vec
-            for i in range(vec.n):
-                h = &vec.items[i]
-                if h.magic < 2:
-                    return _legacy_columns(sources, min_offset, end_offset, max_records,
-                                           validate_crc, include_headers, topic, partition)
-                codec = h.attributes & 0x07
-                skip = _skipped(h, lo, hi, False)
-                # Skipped and compressed batches are checked now; kept uncompressed ones in
-                # pass 1, while their bytes are hot.
-                if validate_crc and (skip or codec != 0) and not _batch_crc_ok(base, mv, h):
-                    _raise_after(job, counted, files, ST_CRC, h.position, file)
-                if skip:
-                    continue
-                reg = _new_region(job)
-                try:
-                    payload = _region_at(reg, view, mv, h, i, file)
-                except CorruptRecordError:
-                    _count_regions(job, counted, regs.n, files)
-                    raise
-                if payload is not None:
-                    regs.keep.append(payload)
-                reg.source = <int>k
-                # Only uncompressed batches point into the mapping (compressed ones were inflated).
-                reg.release = release and codec == 0
-                reg.crc_pending = validate_crc and codec == 0
-                regs.n += 1
-                bound += h.records_count
-                if bound >= need:
-                    need -= _count_regions(job, counted, regs.n, files)
-                    counted = regs.n
-                    bound = 0
-                    if need <= 0:
-                        break
-            if need <= 0:
-                break
-            if scan.status != ST_OK:
-                # The records wanted run on into the damaged batch.
-                _raise_after(job, counted, files, scan.status, scan.error_pos, file)
-            if chunk < 0 or vec.n < chunk:
-                break  # the end of this range
-            pos = scan.valid_end
-            chunk = min(chunk * 2, 4096)
-    # A large range read whole (no max_records, no headers) leaves its last batches uncounted:
-    # one thread checks and copies them in a single pass while the other copies the head.
-    cdef Py_ssize_t tail = regs.n
-    if (limit == INT64_MAX_C and not include_headers and counted == 0
-            and (_crc_fn != NULL or not validate_crc)):
-        tail = _tail_start(regs)
-    _count_regions(job, counted, tail, files)
+    cdef bint skip
+    while job.need > 0:
+        scan = _scan(buf, view, pos, e, False, chunk, strict)
+        job.keep.append(scan)
+        vec = &scan.headers.vec
+        for i in range(vec.n):
+            h = &vec.items[i]
+            if h.magic < 2:
+                return 1
+            codec = h.attributes & 0x07
+            skip = _skipped(h, job.lo, job.hi, False)
+            # Skipped and compressed batches are checked now; kept uncompressed ones in
+            # pass 1, while their bytes are hot.
+            if validate_crc and (skip or codec != 0) and not _batch_crc_ok(base, mv, h):
+                _raise_after(job, job.counted, files, ST_CRC, h.position, file)
+            if skip:
+                continue
+            reg = _new_region(job)
+            try:
+                payload = _region_at(reg, view, mv, h, i, file)
+            except CorruptRecordError:
+                _count_regions(job, job.counted, regs.n, files)
+                raise
+            if payload is not None:
+                regs.keep.append(payload)
+            reg.source = k
+            # Only uncompressed batches point into the mapping (compressed ones were inflated).
+            reg.release = release and codec == 0
+            reg.crc_pending = validate_crc and codec == 0
+            regs.n += 1
+            job.bound += h.records_count
+            if job.bound >= job.need:
+                job.need -= _count_regions(job, job.counted, regs.n, files)
+                job.counted = regs.n
+                job.bound = 0
+                if job.need <= 0:
+                    return 0
+        if scan.status != ST_OK:
+            # The records wanted run on into the damaged batch.
+            _raise_after(job, job.counted, files, scan.status, scan.error_pos, file)
+        if chunk < 0 or vec.n < chunk:
+            return 0  # the end of this range
+        pos = scan.valid_end
+        chunk = min(chunk * 2, 4096)
+    return 0
+
+
+cdef int _place_outputs(_DecodeJob job, Py_ssize_t tail, int64_t limit) except -1:
+    """Give each counted batch (regions [0, tail)) its place in the columns: where its records
+    and bytes start, after those of the batches before it; ``job.total`` is where they end.
+    Batches past the ``limit``-th record get no place, the one holding it a place cut short."""
     cdef BatchOut* o
     cdef ColumnSink cut
-    cdef Py_ssize_t err
-    cdef ColumnCounts total
-    memset(&total, 0, sizeof(ColumnCounts))
+    cdef Py_ssize_t i, err
+    cdef ColumnCounts* total = &job.total
+    memset(total, 0, sizeof(ColumnCounts))
     for i in range(tail):
         o = &job.outs[i]
         if total.n >= limit:
@@ -477,103 +506,131 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
             # max_records cuts this batch short: count the bytes of the records it keeps (the
             # fill pass stops at `limit` records).
             memset(&cut, 0, sizeof(ColumnSink))
-            decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit - total.n,
-                                  include_headers, &cut, &err)
+            decode_region_columns(&job.regs.items[i], job.regs.items[i].header, job.lo, job.hi,
+                                  limit - total.n, job.headers, &cut, &err)
             o.size = cut.at
-        o.start = total
-        total = _counts_sum(&total, &o.size)
-    cdef int64_t n = total.n, kb = total.key_bytes, vb = total.value_bytes
-    cdef int64_t nh = total.n_headers, hkb = total.hk_bytes, hvb = total.hv_bytes
-    job.limit = n
-    # The tail's sizes are bounded by its batches: no more records than their counts (nor
-    # than fit their bytes, against corrupt counts), no more key or value bytes than theirs.
-    cdef int64_t n_cap = n, kb_cap = kb, vb_cap = vb, tail_bytes
-    for i in range(tail, regs.n):
-        tail_bytes = regs.items[i].end - regs.items[i].start
-        n_cap += min(max(regs.items[i].header.records_count, 0), tail_bytes // MIN_RECORD_BYTES)
-        kb_cap += tail_bytes
-        vb_cap += tail_bytes
-    offsets = _pool_empty(n_cap, np.int64, 8)
-    timestamps = _pool_empty(n_cap, np.int64, 8)
-    ts_types = _pool_empty(n_cap, np.int8, 1)
-    key_offsets = _pool_empty(n_cap + 1, np.int64, 8)
-    key_valid = _pool_empty(n_cap, np.bool_, 1)
-    key_data = _pool_empty(kb_cap, np.uint8, 1)
-    value_offsets = _pool_empty(n_cap + 1, np.int64, 8)
-    value_valid = _pool_empty(n_cap, np.bool_, 1)
-    value_data = _pool_empty(vb_cap, np.uint8, 1)
-    key_offsets[0] = 0
-    value_offsets[0] = 0
-    cdef ColumnSink* f = &job.sink
-    memset(f, 0, sizeof(ColumnSink))
-    dummy = np.empty(8, dtype=np.uint8)
-    f.offsets = <int64_t*>_addr(offsets, dummy)
-    f.timestamps = <int64_t*>_addr(timestamps, dummy)
-    f.ts_types = <int8_t*>_addr(ts_types, dummy)
-    f.key_offsets = <int64_t*>_addr(key_offsets, dummy)
-    f.key_valid = <uint8_t*>_addr(key_valid, dummy)
-    f.key_data = <uint8_t*>_addr(key_data, dummy)
-    f.value_offsets = <int64_t*>_addr(value_offsets, dummy)
-    f.value_valid = <uint8_t*>_addr(value_valid, dummy)
-    f.value_data = <uint8_t*>_addr(value_data, dummy)
-    header_col = None
-    if include_headers:
-        hdr_offsets = _pool_empty(n + 1, np.int64, 8)
-        hk_offsets = _pool_empty(nh + 1, np.int64, 8)
-        hk_data = _pool_empty(hkb, np.uint8, 1)
-        hv_offsets = _pool_empty(nh + 1, np.int64, 8)
-        hv_valid = _pool_empty(nh, np.bool_, 1)
-        hv_data = _pool_empty(hvb, np.uint8, 1)
-        hdr_offsets[0] = 0
-        hk_offsets[0] = 0
-        hv_offsets[0] = 0
-        f.hdr_offsets = <int64_t*>_addr(hdr_offsets, dummy)
-        f.hk_offsets = <int64_t*>_addr(hk_offsets, dummy)
-        f.hk_data = <uint8_t*>_addr(hk_data, dummy)
-        f.hv_offsets = <int64_t*>_addr(hv_offsets, dummy)
-        f.hv_valid = <uint8_t*>_addr(hv_valid, dummy)
-        f.hv_data = <uint8_t*>_addr(hv_data, dummy)
-    # Pass 2: copy into place. The job holds the arrays its sink points into: if the wait for
-    # the other thread is interrupted, they outlive this call until that thread is done.
-    job.keep.append((offsets, timestamps, ts_types, key_offsets, key_valid, key_data,
-                     value_offsets, value_valid, value_data))
-    if include_headers:
-        job.keep.append((hdr_offsets, hk_offsets, hk_data, hv_offsets, hv_valid, hv_data))
-    if _between_passes is not None:
-        _between_passes()
-    cdef Py_ssize_t split = _split_point(regs, 0, regs.n)
+        o.start = total[0]
+        total[0] = _counts_sum(total, &o.size)
+    job.limit = total.n
+    return 0
+
+
+cdef void _bound_sizes(_DecodeJob job, Py_ssize_t tail) noexcept:
+    """``job.cap``: what the columns must hold. The counted batches' totals, plus what the
+    uncounted tail (regions [tail, n)) can hold at most: no more records than their counts
+    (nor than fit their bytes, against corrupt counts), no more key or value bytes than theirs
+    (the tail is decoded without headers)."""
+    cdef Py_ssize_t i
+    cdef int64_t tail_bytes
+    cdef Region* reg
+    job.cap = job.total
+    for i in range(tail, job.regs.n):
+        reg = &job.regs.items[i]
+        tail_bytes = reg.end - reg.start
+        job.cap.n += min(max(reg.header.records_count, 0), tail_bytes // MIN_RECORD_BYTES)
+        job.cap.key_bytes += tail_bytes
+        job.cap.value_bytes += tail_bytes
+
+
+cdef class _ColumnArrays:
+    """The arrays a column decode fills, sized before the fill pass."""
+    cdef object offsets, timestamps, ts_types, key_offsets, key_valid, key_data
+    cdef object value_offsets, value_valid, value_data
+    cdef object hdr_offsets, hk_offsets, hk_data, hv_offsets, hv_valid, hv_data
+    cdef object dummy      # where empty arrays point (never written: their capacity is 0)
+
+    cdef object columns(self, const ColumnCounts* used, bint headers, topic, partition):
+        """The RecordColumns of the ``used`` part of the arrays."""
+        cdef int64_t n = used.n, kb = used.key_bytes, vb = used.value_bytes
+        header_col = None
+        if headers:
+            header_col = HeaderColumn(
+                self.hdr_offsets,
+                BinaryColumn(self.hk_data, self.hk_offsets,
+                             np.ones(used.n_headers, dtype=np.bool_)),
+                BinaryColumn(self.hv_data, self.hv_offsets, self.hv_valid))
+        return RecordColumns(
+            _head(self.offsets, n), _head(self.timestamps, n), _head(self.ts_types, n),
+            BinaryColumn(_head(self.key_data, kb), _head(self.key_offsets, n + 1),
+                         _head(self.key_valid, n)),
+            BinaryColumn(_head(self.value_data, vb), _head(self.value_offsets, n + 1),
+                         _head(self.value_valid, n)),
+            header_col, topic, partition)
+
+
+cdef inline object _head(arr, int64_t n):
+    # The first n items (arrays sized by an upper bound are cut to what was filled).
+    return arr if len(arr) == n else arr[:n]
+
+
+cdef _ColumnArrays _allocate_columns(ColumnSink* sink, const ColumnCounts* cap, bint headers):
+    """Arrays for ``cap`` records and bytes (and headers, when asked), in pooled memory when
+    large, with ``sink`` pointing into them."""
+    cdef _ColumnArrays a = _ColumnArrays.__new__(_ColumnArrays)
+    a.offsets = _pool_empty(cap.n, np.int64, 8)
+    a.timestamps = _pool_empty(cap.n, np.int64, 8)
+    a.ts_types = _pool_empty(cap.n, np.int8, 1)
+    a.key_offsets = _pool_empty(cap.n + 1, np.int64, 8)
+    a.key_valid = _pool_empty(cap.n, np.bool_, 1)
+    a.key_data = _pool_empty(cap.key_bytes, np.uint8, 1)
+    a.value_offsets = _pool_empty(cap.n + 1, np.int64, 8)
+    a.value_valid = _pool_empty(cap.n, np.bool_, 1)
+    a.value_data = _pool_empty(cap.value_bytes, np.uint8, 1)
+    a.key_offsets[0] = 0
+    a.value_offsets[0] = 0
+    a.dummy = np.empty(8, dtype=np.uint8)
+    memset(sink, 0, sizeof(ColumnSink))
+    sink.offsets = <int64_t*>_addr(a.offsets, a.dummy)
+    sink.timestamps = <int64_t*>_addr(a.timestamps, a.dummy)
+    sink.ts_types = <int8_t*>_addr(a.ts_types, a.dummy)
+    sink.key_offsets = <int64_t*>_addr(a.key_offsets, a.dummy)
+    sink.key_valid = <uint8_t*>_addr(a.key_valid, a.dummy)
+    sink.key_data = <uint8_t*>_addr(a.key_data, a.dummy)
+    sink.value_offsets = <int64_t*>_addr(a.value_offsets, a.dummy)
+    sink.value_valid = <uint8_t*>_addr(a.value_valid, a.dummy)
+    sink.value_data = <uint8_t*>_addr(a.value_data, a.dummy)
+    if headers:
+        a.hdr_offsets = _pool_empty(cap.n + 1, np.int64, 8)
+        a.hk_offsets = _pool_empty(cap.n_headers + 1, np.int64, 8)
+        a.hk_data = _pool_empty(cap.hk_bytes, np.uint8, 1)
+        a.hv_offsets = _pool_empty(cap.n_headers + 1, np.int64, 8)
+        a.hv_valid = _pool_empty(cap.n_headers, np.bool_, 1)
+        a.hv_data = _pool_empty(cap.hv_bytes, np.uint8, 1)
+        a.hdr_offsets[0] = 0
+        a.hk_offsets[0] = 0
+        a.hv_offsets[0] = 0
+        sink.hdr_offsets = <int64_t*>_addr(a.hdr_offsets, a.dummy)
+        sink.hk_offsets = <int64_t*>_addr(a.hk_offsets, a.dummy)
+        sink.hk_data = <uint8_t*>_addr(a.hk_data, a.dummy)
+        sink.hv_offsets = <int64_t*>_addr(a.hv_offsets, a.dummy)
+        sink.hv_valid = <uint8_t*>_addr(a.hv_valid, a.dummy)
+        sink.hv_data = <uint8_t*>_addr(a.hv_data, a.dummy)
+    return a
+
+
+cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
+    """Pass 2: every placed batch copied to its place, on two threads when they are large;
+    with a one-pass tail, one thread copies them while the other checks and copies the tail
+    from where they end. Raises the first damage in batch order."""
+    cdef _Regions regs = job.regs
+    cdef Py_ssize_t split
     if tail < regs.n:
         job.tail = job.sink
-        job.tail.at = total
-        job.tail.cap = total
-        job.tail.cap.n, job.tail.cap.key_bytes, job.tail.cap.value_bytes = n_cap, kb_cap, vb_cap
+        job.tail.at = job.total
+        job.tail.cap = job.cap
         other = _second_core(job.fill_tail, tail, regs.n)
-        if n:
+        if job.total.n:
             job.fill(0, tail)
         other.result()
-        _raise_first(job, 0, regs.n, files)
-        n, kb, vb = job.tail.at.n, job.tail.at.key_bytes, job.tail.at.value_bytes
-        offsets, timestamps, ts_types = offsets[:n], timestamps[:n], ts_types[:n]
-        key_offsets, key_valid, key_data = key_offsets[:n + 1], key_valid[:n], key_data[:kb]
-        value_offsets, value_valid = value_offsets[:n + 1], value_valid[:n]
-        value_data = value_data[:vb]
-    elif n:
+    elif job.total.n:
+        split = _split_point(regs, 0, regs.n)
         if split < regs.n:
             other = _second_core(job.fill, split, regs.n)
             job.fill(0, split)
             other.result()
         else:
             job.fill(0, regs.n)
-        _raise_first(job, 0, regs.n, files)
-    if include_headers:
-        header_col = HeaderColumn(
-            hdr_offsets,
-            BinaryColumn(hk_data, hk_offsets, np.ones(nh, dtype=np.bool_)),
-            BinaryColumn(hv_data, hv_offsets, hv_valid))
-    return RecordColumns(offsets, timestamps, ts_types,
-                         BinaryColumn(key_data, key_offsets, key_valid),
-                         BinaryColumn(value_data, value_offsets, value_valid),
-                         header_col, topic, partition)
+    _raise_first(job, 0, regs.n, files)
 
 
 _between_passes = None

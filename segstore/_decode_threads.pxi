@@ -110,12 +110,18 @@ def _set_tail_share(double share):
     return old
 
 
-cdef Py_ssize_t _tail_start(_Regions regs) noexcept:
+cdef Py_ssize_t _tail_start(_DecodeJob job, int64_t limit, bint validate_crc) noexcept:
     """Where the one-pass tail of a large decode starts (regs.n: no tail). The head is counted
     by both threads, then copied by one while the other checks and copies the tail: with the
-    head counted twice as fast, a 60/40 split keeps both threads busy to the end."""
+    head counted twice as fast, a 60/40 split keeps both threads busy to the end. Only a
+    range read whole (no max_records, no headers, nothing counted yet) has a tail, and only
+    when its CRCs can be checked without the GIL."""
+    cdef _Regions regs = job.regs
     cdef int64_t total = 0, acc = 0
     cdef Py_ssize_t i
+    if (limit != INT64_MAX_C or job.headers or job.counted != 0
+            or (_crc_fn == NULL and validate_crc)):
+        return regs.n
     if TAIL_SHARE <= 0 or regs.n < 2:
         return regs.n
     total = _region_bytes(regs, 0, regs.n)
@@ -163,13 +169,19 @@ def _set_parallel_min_bytes(int64_t n):
 
 
 cdef class _DecodeJob:
-    """State shared by the two halves of a parallel column decode."""
+    """State of one column decode, shared by the two halves of its parallel passes."""
     cdef list mvs          # one byte memoryview per source buffer
-    cdef list keep         # scans whose C header arrays the regions point into
+    cdef list keep         # scans whose C header arrays the regions point into; the arrays
+                           # the sinks point into
     cdef _Regions regs
     cdef int64_t lo, hi, limit
     cdef bint headers
     cdef BatchOut* outs    # one per region, grown with them
+    cdef int64_t need      # selecting: records still wanted after the counted regions
+    cdef int64_t bound     # selecting: most records the uncounted regions can hold
+    cdef Py_ssize_t counted  # regions [0, counted) have been through pass 1
+    cdef ColumnCounts total  # where the placed batches' output ends
+    cdef ColumnCounts cap    # what the arrays hold
     cdef ColumnSink sink
     cdef ColumnSink tail   # the one-pass tail's sink, with its running totals
 
