@@ -17,5 +17,18 @@ __all__ = ["SegstoreDataSource", "register", "compact", "DataLossError", "Invali
 
 
 def register(spark) -> None:
-    """Register the ``segstore`` format with ``spark`` (a SparkSession)."""
-    spark.dataSource.register(SegstoreDataSource)
+    """Register the ``segstore`` format with ``spark`` (a SparkSession).
+
+    Where Spark already found ``pyspark_segstore.DefaultSource`` (this same class), pyspark 4.0
+    refuses to register the name again with ``DATA_SOURCE_ALREADY_EXISTS``; the format is then
+    already there and nothing is left to do. Later versions replace the registration.
+    """
+    from pyspark.errors import AnalysisException
+
+    try:
+        spark.dataSource.register(SegstoreDataSource)
+    except AnalysisException as e:
+        # Only static registrations are refused (a second dynamic one replaces the first), and
+        # the static module for this name is pyspark_segstore.
+        if e.getCondition() != "DATA_SOURCE_ALREADY_EXISTS":
+            raise

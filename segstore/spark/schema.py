@@ -52,7 +52,6 @@ def check_schema(schema, include_headers: bool) -> None:
 
 def arrow_schema(include_headers: bool):
     """The exact ``pyarrow.Schema`` Spark expects of every batch ``read()`` yields."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from .features import to_arrow_schema
 
-    # pyspark 4.0's signature has no prefers_large_types; its default (False) is what we need.
-    return to_arrow_schema(kafka_schema(include_headers), timezone="UTC")
+    return to_arrow_schema(kafka_schema(include_headers))

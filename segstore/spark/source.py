@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource
 
+from .features import FILTER_PUSHDOWN, PYSPARK_VERSION
 from .options import InvalidOptionError, ReadOptions, WriteOptions
 from .schema import check_schema, kafka_schema
 
@@ -45,6 +46,11 @@ class SegstoreDataSource(DataSource):
 
         opts = ReadOptions.parse(self.options, streaming=False)
         check_schema(schema, opts.include_headers)
+        if opts.push_filters and not FILTER_PUSHDOWN:
+            raise InvalidOptionError(
+                "option 'pushFilters' needs filter pushdown for Python data sources, which "
+                f"pyspark 4.1 added; this is pyspark {PYSPARK_VERSION}. Remove the option: "
+                "Spark then applies every filter itself")
         return SegstorePushdownReader(opts) if opts.push_filters else SegstoreReader(opts)
 
     def streamReader(self, schema):
@@ -81,4 +87,4 @@ class SegstoreDataSource(DataSource):
         opts = WriteOptions.parse(self.options, streaming=True)
         layout = check_input_schema(schema, opts)
         check_topic(opts)
-        return make_stream_writer(opts, layout)
+        return make_stream_writer(opts, layout, schema)

@@ -8,9 +8,13 @@ lives in one long-lived driver-side process: ``latestOffset`` decides each micro
 task's ``read`` decodes one range (:func:`~.reader.read_range`). Partitions that appear later
 (a new topic matching the subscription) are read from their earliest offset.
 
-pyspark 4.0/4.1 call ``latestOffset()`` without arguments and know no read limits or
-AvailableNow; the reader then tracks its own last end and applies ``maxOffsetsPerTrigger``
-itself.
+pyspark 4.0/4.1 (no admission control, :mod:`.features`) call ``latestOffset()`` without
+arguments and know no read limits; the reader then applies ``maxOffsetsPerTrigger`` itself from
+the last end it saw. That is the end of the last ``latestOffset`` or ``partitions`` call: on a
+restart from a checkpoint, those versions tell the reader where the query stands by calling
+``partitions(offset, offset)`` (``setLatestSeenOffset``) before the first ``latestOffset()``.
+Their ``Trigger.AvailableNow`` asks for ``latestOffset()`` once per run, so a run reads one
+micro-batch: everything, or ``maxOffsetsPerTrigger`` records when that is set.
 """
 
 from __future__ import annotations
@@ -22,15 +26,16 @@ from typing import Optional
 from pyspark.sql.datasource import DataSourceStreamReader
 
 from . import stores
+from .features import ADMISSION_CONTROL
 from .offsets import (check_range, data_loss, from_json, prorate, resolve_start,
                       select_partitions, split_ranges, to_json)
 from .options import ReadOptions
 from .reader import OffsetRangePartition, read_range
 
-try:  # pyspark 4.2+ (SPARK-55304)
+if ADMISSION_CONTROL:  # pyspark 4.2+ (SPARK-55304)
     from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows, ReadMinRows,
                                                   SupportsTriggerAvailableNow)
-except ImportError:  # pragma: no cover - pyspark 4.0 / 4.1
+else:  # pyspark 4.0 / 4.1
     ReadAllAvailable = ReadMaxRows = ReadMinRows = None
 
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
@@ -50,7 +55,7 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: ReadOptions):
         self.opts = opts
         self._target: Optional[dict] = None     # AvailableNow: {tp: end} fixed at the start
-        self._last_end: Optional[dict] = None   # pyspark < 4.2: the previous latestOffset
+        self._last_end: Optional[dict] = None   # pyspark < 4.2: where the query stands
         self._last_trigger_ms = 0               # minOffsetsPerTrigger's delay clock
 
     # -- offsets ----------------------------------------------------------------------------
@@ -85,7 +90,7 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Optional[dict] = None, limit=None) -> dict:
         """The end of the next micro-batch (equal to ``start`` when there is nothing to read)."""
-        legacy = start is None  # pyspark < 4.2 calls latestOffset() with no arguments
+        legacy = start is None  # pyspark 4.0/4.1 call latestOffset() with no arguments
         if legacy:
             start = self._last_end if self._last_end is not None else self.initialOffset()
         begin = from_json(start)
@@ -134,6 +139,8 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- planning and reading ---------------------------------------------------------------
     def partitions(self, start: dict, end: dict) -> list:
         """Offset ranges between two offsets (empty when they are equal)."""
+        # Before 4.2 this is also how Spark reports where a restarted query stands.
+        self._last_end = end
         begin, stop = from_json(start), from_json(end)
         fail = self.opts.fail_on_data_loss
         ranges = []

@@ -19,14 +19,13 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 from ..store import open as open_store
 from . import stores
 from .encode import BatchRouter, InputLayout, TopicInfo, topic_info
+from .features import STREAM_ARROW_WRITER, to_arrow_schema
 from .ledger import CommitLedger
 from .options import InvalidOptionError, WriteOptions
 from .staging import Stager, StagedCommitMessage, discard_job, publish, task_tag
 
-try:  # pyspark 4.1+: micro-batches arrive as Arrow; 4.0 hands the writer Rows.
+if STREAM_ARROW_WRITER:  # pyspark 4.1+: micro-batches arrive as Arrow; 4.0 hands over Rows.
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
-except ImportError:  # pragma: no cover - exercised only on pyspark 4.0
-    DataSourceStreamArrowWriter = None
 
 _HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 
@@ -176,21 +175,38 @@ class _StreamCommit:
         discard_job(self.opts.path, self.job)
 
 
-def _rows_to_batches(rows: Iterator, layout: InputLayout, size: int = 8192) -> Iterator:
-    """pyspark 4.0's Row iterator as Arrow batches (the Arrow writer path needs 4.1)."""
+def _layout_names(layout: InputLayout) -> list:
+    return [n for n in (layout.value, layout.key, layout.headers, layout.topic,
+                        layout.partition) if n is not None]
+
+
+def rows_arrow_schema(schema, layout: InputLayout):
+    """The Arrow schema of the input columns the sink uses, from the input's Spark schema.
+
+    Rows are converted with it rather than by inference, which would give a column of nulls
+    the null type and cannot tell a string ``value`` from a binary one.
+    """
+    from pyspark.sql.types import StructType
+
+    by_name = {f.name: f for f in schema.fields}
+    return to_arrow_schema(StructType([by_name[n] for n in _layout_names(layout)]))
+
+
+def _rows_to_batches(rows: Iterator, layout: InputLayout, arrow_schema,
+                     size: int = 8192) -> Iterator:
+    """pyspark 4.0's Row iterator as Arrow batches of ``arrow_schema``."""
     import pyarrow as pa
 
-    names = [n for n in (layout.value, layout.key, layout.headers, layout.topic,
-                         layout.partition) if n is not None]
+    names = _layout_names(layout)
     chunk = []
     for row in rows:
         d = row.asDict(recursive=True)
         chunk.append({n: d[n] for n in names})
         if len(chunk) >= size:
-            yield pa.RecordBatch.from_pylist(chunk)
+            yield pa.RecordBatch.from_pylist(chunk, schema=arrow_schema)
             chunk = []
     if chunk:
-        yield pa.RecordBatch.from_pylist(chunk)
+        yield pa.RecordBatch.from_pylist(chunk, schema=arrow_schema)
 
 
 def stream_job(opts: WriteOptions) -> str:
@@ -202,7 +218,7 @@ def stream_job(opts: WriteOptions) -> str:
     return "stream-" + hashlib.sha1(opts.checkpoint_location.encode("utf-8")).hexdigest()[:24]
 
 
-if DataSourceStreamArrowWriter is not None:
+if STREAM_ARROW_WRITER:
     class SegstoreStreamWriter(_StreamCommit, DataSourceStreamArrowWriter):
         """Streaming writer (Arrow input): each micro-batch is published exactly once."""
 
@@ -214,24 +230,28 @@ if DataSourceStreamArrowWriter is not None:
         def write(self, iterator) -> StagedCommitMessage:
             """Stage this task's rows of the micro-batch."""
             return write_task(self.opts, self.layout, self.job, iterator)
-else:  # pragma: no cover - pyspark 4.0
+else:  # pyspark 4.0
     SegstoreStreamWriter = None
 
 
 class SegstoreRowStreamWriter(_StreamCommit, DataSourceStreamWriter):
-    """Streaming writer for pyspark 4.0, whose stream writers receive Rows."""
+    """Streaming writer for pyspark 4.0, whose stream writers receive Rows: they are turned
+    into Arrow batches of the input's types and then staged like the Arrow writer's."""
 
-    def __init__(self, opts: WriteOptions, layout: InputLayout):
+    def __init__(self, opts: WriteOptions, layout: InputLayout, schema):
         self.opts = opts
         self.layout = layout
+        self.arrow_schema = rows_arrow_schema(schema, layout)  # a pyarrow.Schema pickles
         self.job = stream_job(opts)
 
     def write(self, iterator) -> StagedCommitMessage:
         """Stage this task's rows of the micro-batch."""
-        return write_task(self.opts, self.layout, self.job, _rows_to_batches(iterator, self.layout))
+        batches = _rows_to_batches(iterator, self.layout, self.arrow_schema)
+        return write_task(self.opts, self.layout, self.job, batches)
 
 
-def make_stream_writer(opts: WriteOptions, layout: InputLayout):
+def make_stream_writer(opts: WriteOptions, layout: InputLayout, schema):
     """The Arrow stream writer when pyspark has one (4.1+), else the Row writer."""
-    cls = SegstoreStreamWriter if SegstoreStreamWriter is not None else SegstoreRowStreamWriter
-    return cls(opts, layout)
+    if SegstoreStreamWriter is not None:
+        return SegstoreStreamWriter(opts, layout)
+    return SegstoreRowStreamWriter(opts, layout, schema)

@@ -12,6 +12,7 @@ import pytest
 
 import segstore
 import segstore.spark
+from segstore.spark.features import FILTER_PUSHDOWN, PYSPARK_VERSION
 from segstore.spark.source import SegstoreDataSource
 from .sparkcheck import collect, end_offsets, expected, whole
 
@@ -189,6 +190,12 @@ def test_explicit_register(spark, root):
 
 QUERY = ("partition IN (0, 2) AND offset BETWEEN 4 AND 30 "
          f"AND timestamp >= timestamp_millis({T0 + 12_000}) AND topic = 'events'")
+# Rows QUERY selects: partitions 0 and 2, offsets 12..30 (timestamps reach T0 + 12000 at 12).
+QUERY_ROWS = [("events", 0, 12, 31), ("events", 2, 12, 31)]
+
+# DataSourceReader.pushFilters and the Filter classes arrived in pyspark 4.1 (SPARK-51271).
+filter_pushdown = pytest.mark.skipif(
+    not FILTER_PUSHDOWN, reason=f"pyspark {PYSPARK_VERSION} has no filter pushdown (4.1+)")
 
 
 @pytest.fixture
@@ -198,14 +205,24 @@ def pushdown_enabled(spark):
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
 
 
+def test_filtered_read_without_pushdown(spark, root):
+    assert collect(load(spark, root, subscribe="events").where(QUERY)) == expected(
+        root, QUERY_ROWS)
+
+
+@filter_pushdown
 def test_pushdown_gives_the_same_rows(spark, root, pushdown_enabled):
-    plain = collect(load(spark, root, subscribe="events").where(QUERY))
     pushed = collect(load(spark, root, subscribe="events", pushFilters="true").where(QUERY))
-    assert pushed == plain
-    # Rows: partitions 0 and 2, offsets 12..30 (timestamps reach T0 + 12000 at offset 12).
-    assert plain == expected(root, [("events", 0, 12, 31), ("events", 2, 12, 31)])
+    assert pushed == expected(root, QUERY_ROWS)
 
 
+@pytest.mark.skipif(FILTER_PUSHDOWN, reason=f"pyspark {PYSPARK_VERSION} has filter pushdown")
+def test_pushdown_option_needs_pyspark_4_1(spark, root):
+    with pytest.raises(Exception, match="'pushFilters' needs filter pushdown.*pyspark 4.1"):
+        load(spark, root, subscribe="events", pushFilters="true").where("offset > 3").collect()
+
+
+@filter_pushdown
 def test_pushdown_prunes_partitions_and_offsets(root):
     from pyspark.sql.datasource import (EqualTo, GreaterThanOrEqual, In, IsNotNull,
                                         LessThanOrEqual, StringStartsWith)
@@ -222,13 +239,14 @@ def test_pushdown_prunes_partitions_and_offsets(root):
     # Timestamps are not monotonic in a log and value is not indexed: Spark keeps those.
     assert [id(f) for f in remaining] == [id(filters[4]), id(filters[6])]
     ranges = [(p.topic, p.partition, p.start, p.end) for p in reader.partitions()]
-    assert ranges == [("events", 0, 12, 31), ("events", 2, 12, 31)]
+    assert ranges == QUERY_ROWS
     # Without the option the plain reader plans every partition in full.
     plain = ds.__class__({"path": root, "subscribe": "events"}).reader(ds.schema())
     assert [(p.partition, p.start, p.end) for p in plain.partitions()] == [
         (p, 0, N) for p in range(3)]
 
 
+@filter_pushdown
 def test_pushdown_option_needs_the_spark_conf(spark, root):
     with pytest.raises(Exception, match="filterPushdown"):
         load(spark, root, subscribe="events", pushFilters="true").where("offset > 3").collect()

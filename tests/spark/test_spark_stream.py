@@ -13,25 +13,52 @@ import time
 import pyarrow as pa
 import pytest
 from pyspark.sql.datasource import CaseInsensitiveDict
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
 import segstore
 from segstore.spark import stream as stream_module
+from segstore.spark.features import ADMISSION_CONTROL, PYSPARK_VERSION, STREAM_ARROW_WRITER
+from segstore.spark.options import WriteOptions
 from segstore.spark.source import SegstoreDataSource
+from segstore.spark.writer import (SegstoreRowStreamWriter, SegstoreStreamWriter,
+                                   check_input_schema, make_stream_writer)
 from .sparkcheck import records
+
+if ADMISSION_CONTROL:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
 OLD = 1_600_000_000_000  # 2020: far past any retention.ms below
 
+# Read limits and latestOffset(start, limit) arrived in pyspark 4.2 (admission control); 4.0 and
+# 4.1 call latestOffset() without arguments. Tests of one protocol only are marked; the
+# unmarked ones hold on every version.
+admission_control = pytest.mark.skipif(
+    not ADMISSION_CONTROL,
+    reason=f"pyspark {PYSPARK_VERSION} has no admission control (read limits, 4.2+)")
+legacy_protocol = pytest.mark.skipif(
+    ADMISSION_CONTROL,
+    reason=f"pyspark {PYSPARK_VERSION} calls latestOffset(start, limit), not latestOffset()")
 
-def run_stream(spark, root, checkpoint, source_options, out_topic="out"):
-    """One Trigger.AvailableNow run from segstore into ``out_topic``; input rows per batch."""
+
+def run_stream(spark, root, checkpoint, source_options, out_topic="out", available_now=True):
+    """One run from segstore into ``out_topic``; input rows per batch.
+
+    ``Trigger.AvailableNow`` by default; else a processing-time trigger that runs until the
+    source has nothing new (``processAllAvailable``), then stops.
+    """
     reader = spark.readStream.format("segstore")
     for k, v in source_options.items():
         reader = reader.option(k, v)
-    query = (reader.load(root).select("key", "value").writeStream.format("segstore")
-             .option("topic", out_topic).option("checkpointLocation", checkpoint)
-             .trigger(availableNow=True).start(root))
-    query.awaitTermination()
+    writer = (reader.load(root).select("key", "value").writeStream.format("segstore")
+              .option("topic", out_topic).option("checkpointLocation", checkpoint))
+    if available_now:
+        query = writer.trigger(availableNow=True).start(root)
+        query.awaitTermination()
+    else:
+        query = writer.trigger(processingTime="0 seconds").start(root)
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
     return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
 
@@ -48,6 +75,7 @@ def root(tmp_path):
     return path
 
 
+@admission_control
 def test_available_now_batch_sizes_resume_and_exactly_once_sink(spark, root, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     with segstore.open(root) as store:
@@ -61,6 +89,39 @@ def test_available_now_batch_sizes_resume_and_exactly_once_sink(spark, root, tmp
     assert values(root, "out") == sorted([b"a%d" % i for i in range(25)]
                                          + [b"b%d" % i for i in range(12)])
     assert run_stream(spark, root, ckpt, opts) == []
+
+
+def test_max_offsets_per_trigger_with_a_processing_time_trigger(spark, root, tmp_path):
+    # Every version caps micro-batches here: 4.2+ through ReadMaxRows, 4.0/4.1 in the reader,
+    # which learns where a restarted query stands from Spark's partitions(offset, offset).
+    ckpt = str(tmp_path / "ckpt")
+    with segstore.open(root) as store:
+        store.partition("in", 0).append_batch([b"a%d" % i for i in range(25)])
+    opts = {"subscribe": "in", "startingOffsets": "earliest", "maxOffsetsPerTrigger": "10"}
+    assert run_stream(spark, root, ckpt, opts, available_now=False) == [10, 10, 5]
+    with segstore.open(root) as store:
+        store.partition("in", 0).append_batch([b"b%d" % i for i in range(12)])
+    assert run_stream(spark, root, ckpt, opts, available_now=False) == [10, 2]
+    assert values(root, "out") == sorted([b"a%d" % i for i in range(25)]
+                                         + [b"b%d" % i for i in range(12)])
+    assert run_stream(spark, root, ckpt, opts, available_now=False) == []
+
+
+@legacy_protocol
+def test_available_now_reads_one_batch_per_run_before_admission_control(spark, root, tmp_path):
+    # pyspark 4.0/4.1 ask an AvailableNow source for latestOffset() once per run: the run is one
+    # micro-batch, capped by maxOffsetsPerTrigger when it is set (docs/spark.md says so).
+    with segstore.open(root) as store:
+        store.partition("in", 0).append_batch([b"a%d" % i for i in range(25)])
+    capped = {"subscribe": "in", "startingOffsets": "earliest", "maxOffsetsPerTrigger": "10"}
+    ckpt = str(tmp_path / "capped")
+    assert run_stream(spark, root, ckpt, capped) == [10]
+    assert run_stream(spark, root, ckpt, capped) == [10]   # resumes at offset 10
+    assert run_stream(spark, root, ckpt, capped) == [5]
+    assert run_stream(spark, root, ckpt, capped) == []
+    everything = {"subscribe": "in", "startingOffsets": "earliest"}
+    assert run_stream(spark, root, str(tmp_path / "all"), everything) == [25]
+    assert values(root, "out") == sorted([b"a%d" % i for i in range(25)] * 2)
 
 
 def test_starting_offsets_default_to_latest(spark, root, tmp_path):
@@ -149,6 +210,7 @@ def three(tmp_path):
     return path
 
 
+@admission_control
 def test_max_rows_split_by_backlog(three):
     r = reader_for(three, subscribe="s", startingOffsets="earliest", maxOffsetsPerTrigger="20")
     start = r.initialOffset()
@@ -163,16 +225,57 @@ def test_max_rows_split_by_backlog(three):
 
 
 def test_legacy_protocol_without_arguments(three):
-    r = reader_for(three, subscribe="s", startingOffsets="earliest", maxOffsetsPerTrigger="50")
+    # pyspark 4.0/4.1: latestOffset() with no arguments, the cap applied by the reader.
+    r = reader_for(three, subscribe="s", startingOffsets="earliest", maxOffsetsPerTrigger="20")
     first = r.latestOffset()
-    assert sum(first["s"].values()) <= 50 + 3
+    assert first == {"s": {"0": 17, "1": 1, "2": 1}}  # 20 split by backlog, as with ReadMaxRows
     second = r.latestOffset()
-    assert all(second["s"][p] >= first["s"][p] for p in first["s"])
-    while r.latestOffset() != second:
-        second = r._last_end
-    assert second == {"s": {"0": 90, "1": 10, "2": 1}}
+    assert second == {"s": {"0": 34, "1": 3, "2": 1}}  # from the first end: 73, 9, 0 left
+    ends = [second]
+    while True:
+        end = r.latestOffset()
+        if end == ends[-1]:
+            break
+        ends.append(end)
+    assert ends[-1] == {"s": {"0": 90, "1": 10, "2": 1}}
+    steps = [sum(b["s"].values()) - sum(a["s"].values()) for a, b in zip(ends, ends[1:])]
+    assert steps and all(0 < n <= 20 + 3 for n in steps)  # +1 per partition: none starves
 
 
+def test_legacy_protocol_resumes_where_spark_says_the_query_stands(three):
+    # A restarted 4.0/4.1 query: Spark calls partitions(offset, offset) with the checkpointed
+    # position before the first latestOffset(); the reader must go on from there, not from
+    # startingOffsets.
+    r = reader_for(three, subscribe="s", startingOffsets="earliest", maxOffsetsPerTrigger="10")
+    pos = {"s": {"0": 50, "1": 10, "2": 1}}
+    assert r.partitions(pos, pos) == []
+    assert r.latestOffset() == {"s": {"0": 60, "1": 10, "2": 1}}
+    # A replayed batch (its end not yet committed) also sets the position.
+    r = reader_for(three, subscribe="s", startingOffsets="earliest", maxOffsetsPerTrigger="5")
+    r.partitions({"s": {"0": 0, "1": 0, "2": 0}}, {"s": {"0": 40, "1": 5, "2": 1}})
+    assert r.latestOffset() == {"s": {"0": 44, "1": 6, "2": 1}}
+
+
+def test_legacy_protocol_min_offsets_wait_for_max_trigger_delay(three, monkeypatch):
+    clock = [10_000_000]
+    monkeypatch.setattr(stream_module, "now_ms", lambda: clock[0])
+    r = reader_for(three, subscribe="s", startingOffsets="latest", minOffsetsPerTrigger="5",
+                   maxTriggerDelay="1m")
+    start = r.latestOffset()  # first call: the delay has passed; nothing new
+    assert start == {"s": {"0": 90, "1": 10, "2": 1}}
+    with segstore.open(three) as store:
+        store.partition("s", 1).append_batch([b"y"] * 3)
+    clock[0] += 1000
+    assert r.latestOffset() == start  # 3 < 5 and only 1 s waited
+    clock[0] += 60_000
+    assert r.latestOffset()["s"]["1"] == 13  # maxTriggerDelay passed
+    with segstore.open(three) as store:
+        store.partition("s", 2).append_batch([b"z"] * 5)
+    clock[0] += 1
+    assert r.latestOffset()["s"]["2"] == 6  # 5 new >= 5: no wait
+
+
+@admission_control
 def test_min_offsets_wait_for_max_trigger_delay(three, monkeypatch):
     clock = [10_000_000]
     monkeypatch.setattr(stream_module, "now_ms", lambda: clock[0])
@@ -193,6 +296,7 @@ def test_min_offsets_wait_for_max_trigger_delay(three, monkeypatch):
     assert r.latestOffset(start, ReadMinRows(5))["s"]["2"] == 6  # 8 >= 5: no wait
 
 
+@admission_control
 def test_available_now_never_passes_its_target(three):
     r = reader_for(three, subscribe="s", startingOffsets="earliest")
     start = r.initialOffset()
@@ -230,7 +334,54 @@ def sink(root, ckpt):
 
 
 def task(writer, vals):
+    """One task's write of ``vals``, given as Spark gives it to this writer: Arrow batches
+    (pyspark 4.1+) or Rows (4.0)."""
+    if isinstance(writer, SegstoreRowStreamWriter):
+        from pyspark.sql import Row
+
+        return writer.write(iter([Row(value=v) for v in vals]))
     return writer.write(iter([pa.record_batch({"value": pa.array(vals)})]))
+
+
+def row_writer_args(root, ckpt, *fields):
+    """(options, layout, input schema) of a stream sink with input columns ``fields``
+    (name, type) pairs; ``topic string, value string`` when none are given."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    opts = WriteOptions.parse(CaseInsensitiveDict(
+        {"path": root, "checkpointLocation": ckpt}), streaming=True)
+    schema = StructType([StructField(n, t) for n, t in fields or [("topic", StringType()),
+                                                                ("value", StringType())]])
+    return opts, check_input_schema(schema, opts), schema
+
+
+def test_the_stream_writer_takes_what_this_pyspark_hands_it():
+    expected = SegstoreStreamWriter if STREAM_ARROW_WRITER else SegstoreRowStreamWriter
+    assert expected is not None
+    assert isinstance(make_stream_writer(*row_writer_args("/nowhere", "/ckpt")), expected)
+
+
+def test_row_stream_writer_writes_what_the_arrow_writer_writes(root, tmp_path):
+    # pyspark 4.0's stream writers get Rows; the Row writer (constructed here on any version)
+    # must land the same records as the Arrow path: string and binary columns, null values
+    # and keys, headers, explicit partitions and per-row topics.
+    from pyspark.sql import Row
+    from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, StringType, StructField,
+                                   StructType)
+
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    fields = [("topic", StringType()), ("key", BinaryType()), ("value", StringType()),
+              ("partition", IntegerType()), ("headers", ArrayType(header)),
+              ("ignored", IntegerType())]
+    rows = [Row(topic="out", key=b"k1", value="v1", partition=1,
+                headers=[Row(key="h", value=b"x"), Row(key="n", value=None)], ignored=7),
+            Row(topic="out", key=None, value=None, partition=0, headers=None, ignored=8),
+            Row(topic="in", key=b"k2", value="v2", partition=None, headers=[], ignored=9)]
+    w = SegstoreRowStreamWriter(*row_writer_args(root, str(tmp_path / "ckpt"), *fields))
+    w.commit([w.write(iter(rows[:2])), w.write(iter(rows[2:]))], 0)
+    assert records(root, "out") == [(0, None, None, []),
+                                    (1, b"k1", b"v1", [("h", b"x"), ("n", None)])]
+    assert records(root, "in") == [(0, b"k2", b"v2", [])]
 
 
 def test_stream_sink_commits_each_batch_id_once(root, tmp_path):
