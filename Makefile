@@ -7,7 +7,7 @@ STAMP := $(VENV)/.segstore-installed
 DEBUG_DIR := build/debug
 CORE_SRC := segstore/_core.pyx segstore/_core.pxd $(wildcard segstore/*.pxi) setup.py pyproject.toml
 
-.PHONY: install demo test test-fast test-debug debug-build bench bench-full clean
+.PHONY: install demo test test-fast test-debug debug-build bench bench-full spark-matrix clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ $(DEBUG_DIR)/.built: $(STAMP) $(wildcard segstore/*.py segstore/*/*.py)
 	touch $@
 
 debug-build: $(DEBUG_DIR)/.built
+
+# tests/spark (and docs/spark.md's examples) on other pyspark versions than .venv's, one venv
+# each under build/spark-matrix, made on first use. SPARK_MATRIX="4.0.5 4.3.0" picks versions;
+# the default is tools/spark_matrix.py's list. Not part of `make test`: it takes ~10 minutes.
+SPARK_MATRIX ?=
+spark-matrix: install
+	$(PY) tools/spark_matrix.py $(SPARK_MATRIX)
 
 bench: install
 	cd asv_bench && ../$(PY) -m asv machine --yes >/dev/null && \
