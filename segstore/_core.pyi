@@ -110,7 +110,8 @@ def decode_columns(
 ) -> RecordColumns:
     """Like decode_records, straight into numpy columns in Arrow layout (control batches skipped).
 
-    Arrays of 1 MiB or more are taken from the buffer pool (segstore.buffer_pool)."""
+    Arrays of 1 MiB or more are taken from the buffer pool (segstore.buffer_pool). A buffer
+    written to during the decode raises CorruptRecordError ("batch changed during decode")."""
 
 def buffer_pool_set_limit(nbytes: int) -> int:
     """Keep at most nbytes of freed column buffers; returns the previous limit."""
@@ -177,7 +178,8 @@ def encode_columns(
     (a single record larger than that still gets a batch of its own). ``order`` (integer row
     numbers) encodes rows ``order[0], order[1], ...`` of the columns instead of all rows in
     turn, so a caller that routes rows to partitions needs no reordered copy of its columns;
-    a row number outside the columns raises ValueError.
+    a row number outside the columns raises ValueError. Offsets outside a column's data, or
+    columns written to during the encode, raise InvalidRecordError.
 
     ``data`` is a read-only memoryview. Outputs of 1 MiB or more live in the buffer pool (see
     ``segstore.buffer_pool``): the block is reused once the last view of it is gone. Use
