@@ -290,3 +290,47 @@ def test_an_interrupted_decode_keeps_its_arrays_until_its_thread_is_done(monkeyp
     del other
     gc.collect()
     assert buffer_pool.stats().in_use_bytes == 0
+
+
+def test_an_interrupted_encode_keeps_its_inputs_and_output_until_its_thread_is_done(monkeypatch):
+    """The same for encode_columns: the late writer reads the columns' arrays through raw
+    pointers and writes the pooled output block, so both must outlive the interrupted call
+    even when the caller drops everything."""
+    import weakref
+    old_min = _core._set_parallel_min_bytes(0)        # always two threads
+    gate = threading.Event()
+    futures = []
+    real = _core._second_core
+
+    def second_core(fn, *args):
+        if getattr(fn, "__name__", "") != "write":
+            return real(fn, *args)
+
+        def late(*a):
+            gate.wait(20)
+            fn(*a)
+        futures.append(real(late, *args))
+        return _Interrupted(futures[-1])
+
+    values = np.full((N, VALUE), 5, dtype=np.uint8)
+    col = BinaryColumn.from_fixed(values)
+    data_ref = weakref.ref(col.data)
+    monkeypatch.setattr(_core, "_second_core", second_core)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _core.encode_columns(col, None, np.arange(N, dtype=np.int64), records_per_batch=500)
+    finally:
+        monkeypatch.setattr(_core, "_second_core", real)
+        _core._set_parallel_min_bytes(old_min)
+    try:
+        del col, values                                # the caller drops its columns ...
+        gc.collect()
+        assert data_ref() is not None                  # ... but the late writer still holds them
+        assert buffer_pool.stats().in_use_bytes > 0    # and its output block is not free
+    finally:
+        gate.set()
+        futures[0].result(timeout=20)
+    futures.clear()
+    gc.collect()
+    assert data_ref() is None
+    assert buffer_pool.stats().in_use_bytes == 0
