@@ -358,7 +358,10 @@ def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
 def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_records=None,
                          bint validate_crc=True, bint include_headers=False, topic=None,
                          partition=None, bint strict=False):
-    """decode_columns over several ``(buffer, start, end, file)`` ranges into one set of columns.
+    """decode_columns over several ``(buffer, start, end, file[, release[, checked]])`` ranges
+    into one set of columns. ``release``: the buffer is a shared file mapping whose pages may be
+    dropped once copied; ``checked``: a ``(lo, hi)`` byte range whose batches' CRCs the caller
+    has just checked (they are not checked again).
 
     A log's segments decode straight into one allocation: no per-segment columns to concatenate.
     With ``max_records`` the batches are checked and decoded only up to the one holding the
@@ -426,6 +429,12 @@ cdef int _select_from_range(_DecodeJob job, int k, object src, list files, bint 
     """_select_batches over source ``k``; returns 1 at a v0/v1 batch."""
     buf, start, end, file = src[:4]
     cdef bint release = len(src) > 4 and bool(src[4])
+    # Batches inside [checked_lo, checked_hi) had their CRCs checked by the caller moments ago
+    # (a read-only log's refresh scans what the writer added): not checked a second time.
+    cdef Py_ssize_t checked_lo = 0, checked_hi = -1
+    if len(src) > 5 and src[5] is not None:
+        checked_lo, checked_hi = src[5]
+    cdef bint crc
     cdef const uint8_t[::1] view = buf
     cdef const uint8_t* base = _ptr(view)
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end), pos = start, i
@@ -452,9 +461,11 @@ cdef int _select_from_range(_DecodeJob job, int k, object src, list files, bint 
                 return 1
             codec = h.attributes & 0x07
             skip = _skipped(h, job.lo, job.hi, False)
+            crc = validate_crc and not (checked_lo <= h.position
+                                        and h.position + h.size <= checked_hi)
             # Skipped and compressed batches are checked now; kept uncompressed ones in
             # pass 1, while their bytes are hot.
-            if validate_crc and (skip or codec != 0) and not _batch_crc_ok(base, mv, h):
+            if crc and (skip or codec != 0) and not _batch_crc_ok(base, mv, h):
                 _raise_after(job, job.counted, files, ST_CRC, h.position, file)
             if skip:
                 continue
@@ -469,7 +480,7 @@ cdef int _select_from_range(_DecodeJob job, int k, object src, list files, bint 
             reg.source = k
             # Only uncompressed batches point into the mapping (compressed ones were inflated).
             reg.release = release and codec == 0
-            reg.crc_pending = validate_crc and codec == 0
+            reg.crc_pending = crc and codec == 0
             regs.n += 1
             job.bound += h.records_count
             if job.bound >= job.need:

@@ -18,6 +18,15 @@ from .segment import LOG_SUFFIX, LogSegment
 class ReadOnlyFollower:
     """``_refresh``: the read-only log's view of the directory, brought up to date."""
 
+    # (segment, lo, hi): tail bytes refreshes CRC-checked since the last read took them.
+    _fresh_crc = None
+
+    def _take_fresh_crc(self):
+        """The tail range refreshes CRC-checked since the last read, for that read only (later
+        reads check their bytes again)."""
+        fresh, self._fresh_crc = self._fresh_crc, None
+        return fresh
+
     def _refresh(self) -> None:
         """Read-only logs re-list the directory: new segments, vanished ones, the tail."""
         if not self.readonly or self._closed:
@@ -63,6 +72,12 @@ class ReadOnlyFollower:
                 res = _core.scan_batches(tail.buffer(length), valid_end, length,
                                          validate_crc=True, raise_on_corrupt=False)
                 b = res.batches
+                if res.valid_end > valid_end:
+                    # The batches just checked: the next read need not check them again.
+                    fresh = self._fresh_crc
+                    lo = fresh[1] if fresh and fresh[0] is tail and fresh[2] == valid_end \
+                        else valid_end
+                    self._fresh_crc = (tail, lo, res.valid_end)
                 valid_end = res.valid_end
                 if len(b):
                     next_offset = int(b["last_offset"][-1]) + 1

@@ -51,6 +51,7 @@ class LogReads:
         self._check_open()
         self._refresh()
         st = self._state
+        self._take_fresh_crc()  # decode_records checks every CRC: later reads must too
         self._check_read_offset(offset, st)
         if offset == st.log_end_offset or max_records == 0:
             return []
@@ -86,6 +87,7 @@ class LogReads:
         self._check_open()
         self._refresh()
         st = self._state
+        fresh = self._take_fresh_crc()
         offset = st.log_start_offset if offset is None else offset
         self._check_read_offset(offset, st)
         end = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
@@ -113,7 +115,9 @@ class LogReads:
             if size > start:
                 buf = seg.buffer(size)
                 # Pages of a shared file mapping can be dropped once decoded (see _core).
-                sources.append((buf, start, size, seg.log_path, isinstance(buf, mmap.mmap)))
+                checked = fresh[1:] if fresh is not None and fresh[0] is seg else None
+                sources.append((buf, start, size, seg.log_path, isinstance(buf, mmap.mmap),
+                                checked))
         # One compiled decode over every segment, straight into one set of arrays.
         return _core.decode_columns_multi(sources, min_offset=offset, end_offset=end,
                                           max_records=max_records,
