@@ -22,7 +22,7 @@ cdef extern from "Python.h":
     void _decref "Py_DECREF" (PyObject* o)
     PyObject* _slot "PyTuple_GET_ITEM" (PyObject* t, Py_ssize_t i)
     void _gc_untrack "PyObject_GC_UnTrack" (void* o)
-    int _gc_tracked "PyObject_GC_IsTracked" (object o)
+    int _gc_capable "PyObject_IS_GC" (object o)
 
 
 cdef inline PyObject* _own(PyObject* o) noexcept:
@@ -43,10 +43,10 @@ cdef inline object _new_record(object topic, object partition, object leader_epo
     """A ConsumerRecord that takes ownership of key, value and headers (new references or
     NULL after a failed allocation, which raises MemoryError once the record is released).
 
-    With ``untrack`` (topic and partition hold no containers) the record is left out of the
-    cyclic garbage collector: every field is immutable, so it can never be part of a cycle.
-    CPython untracks such tuples itself, but only when a collection first walks them, and until
-    then each batch of records makes the collector rescan thousands of young objects."""
+    With ``untrack`` (topic and partition are of types the collector never tracks) the record
+    is left out of the cyclic garbage collector: nothing it refers to can ever refer back to it.
+    CPython would never untrack it itself (it does so only for exact tuples), so every batch of
+    records would add thousands of objects each collection rescans."""
     # Allocate the namedtuple directly (a tuple subclass of 13 slots, zeroed), skipping its
     # Python __new__: object decode is dominated by per-record allocation.
     cdef PyObject* t = (<_TypeObj*><PyObject*>_ConsumerRecord).tp_alloc(
@@ -84,9 +84,10 @@ cdef inline object _new_record(object topic, object partition, object leader_epo
 
 
 cdef inline bint _untrackable(object topic, object partition):
-    """True when the fields a record shares with its caller hold no container the collector
-    tracks (str, int and None never are): the record then cannot be part of a cycle."""
-    return not _gc_tracked(topic) and not _gc_tracked(partition)
+    """True when the fields a record shares with its caller are of types the collector never
+    tracks (str, int, None): the record then cannot be part of a cycle. Whether an object is
+    tracked right now is not enough: an empty dict is not, until a container is put in it."""
+    return not _gc_capable(topic) and not _gc_capable(partition)
 
 
 cdef inline object _bytes_or_none(const uint8_t* b, Py_ssize_t pos, int32_t length):

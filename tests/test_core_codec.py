@@ -15,6 +15,7 @@ import mmap
 import struct
 import time
 import tracemalloc
+import weakref
 
 import crc32c as crc32c_pkg
 import kafka.codec as kp_codec
@@ -381,6 +382,29 @@ def test_records_are_immutable_and_left_out_of_the_collector():
     legacy = bytes(legacy_message(1, 0, b"k", b"v", timestamp=5))
     assert [(r.headers, gc.is_tracked(r)) for r in _core.decode_records(legacy, topic="t")] == \
         [((), False)]
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_records_stay_collectable_when_the_topic_could_later_hold_them(legacy):
+    """An empty dict is not tracked by the collector until a container goes into it: a record
+    untracked because its topic was untracked then would hide the cycle topic -> record ->
+    topic from the collector, and everything the dict holds would leak."""
+    class Marker:
+        pass
+
+    buf = (bytes(legacy_message(1, 0, b"k", b"v", timestamp=5)) if legacy
+           else _core.encode_batch([b"v"], keys=[b"k"]))
+    topic, partition = {}, {}
+    assert not gc.is_tracked(topic)
+    recs = _core.decode_records(buf, topic=topic, partition=partition)
+    assert len(recs) == 1
+    marker = Marker()
+    gone = weakref.ref(marker)
+    topic["record"], topic["marker"] = recs[0], marker   # a cycle: topic -> record -> topic
+    partition["record"] = recs[0]
+    del recs, topic, partition, marker
+    gc.collect()
+    assert gone() is None
 
 
 def test_dropped_records_are_freed_without_the_collector():
