@@ -40,6 +40,7 @@ class _AbstractIndex:
         self.writable = writable
         self._lock = threading.Lock()  # serializes the writer's remaps, never taken by lookups
         self._mm: Optional[mmap.mmap] = None
+        self._dropped = False  # closed or deleted: nothing left to flush
         self._allocated = 0  # file bytes known to have disk blocks (written by pwrite)
         exists = os.path.exists(path)
         if writable:
@@ -133,9 +134,10 @@ class _AbstractIndex:
 
     def flush(self) -> None:
         """Write the mapped pages to disk (fsync of the index file)."""
-        if self.writable and self._mm is not None:
+        if self.writable and not self._dropped:
             # fsync rather than mmap.flush(): on Linux both write back the shared mapping's
             # dirty pages (they are the file's page cache), but msync holds the GIL throughout.
+            # It also makes a trim durable, even one to no entries (which leaves no mapping).
             fd = os.open(self.path, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -146,6 +148,7 @@ class _AbstractIndex:
         """Trim and drop the mapping (it is unmapped once no reader holds it)."""
         self.trim_to_valid_size()
         self._mm = None
+        self._dropped = True
 
     def rename(self, new_path: str) -> None:
         """Rename the file; the mapping stays valid."""
@@ -156,6 +159,7 @@ class _AbstractIndex:
     def delete(self) -> None:
         """Remove the file if present."""
         self._mm = None
+        self._dropped = True
         try:
             os.unlink(self.path)
         except FileNotFoundError:

@@ -93,6 +93,7 @@ class LogSegment:
         self.bytes_since_last_index_entry = 0
         self._max_ts: Optional[tuple[int, int]] = None  # (max timestamp, its batch's last offset)
         self._dirty = False  # written this session: its final time-index entry is due on close
+        self._unsynced = False  # written since the last flush: released files are synced first
         jitter = min(config.segment_jitter_ms, config.segment_ms)
         self.roll_jitter_ms = random.randrange(jitter) if jitter > 0 else 0
         if self._fd_value is not None and not readonly:  # new: it is about to be appended to
@@ -389,7 +390,7 @@ class LogSegment:
         position = self.size
         if self.size == 0:
             self.rolling_based_timestamp = int(batches["max_timestamp"][0])
-        self._dirty = True
+        self._dirty = self._unsynced = True
         written = os.pwrite(self._fd, data, position)
         if written != len(data):
             raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
@@ -406,7 +407,7 @@ class LogSegment:
     def rebuild_indexes(self, batches: np.ndarray) -> None:
         """Reset both indexes and re-add entries for scanned batches (recovery, REF §4.3)."""
         self._check_indexes_on_load = False  # about to be rebuilt: no check on loading them
-        self._dirty = True
+        self._dirty = self._unsynced = True
         self.offset_index.reset(self.config.segment_index_bytes)
         self.time_index.reset(self.config.segment_index_bytes)
         offs, times, self.bytes_since_last_index_entry, max_ts, off_max = _core.sparse_index(
@@ -454,6 +455,7 @@ class LogSegment:
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
         self._trim_log_file()
+        self._unsynced = True  # the trims change the files' lengths
 
     def _trim_log_file(self) -> None:
         # A preallocated file is cut to its logical size (a reopen takes the length as size).
@@ -463,8 +465,16 @@ class LogSegment:
 
     def release_files(self) -> None:
         """Close the descriptor and drop the index mappings of a sealed segment; they are
-        opened again on first use (readers holding a mapping keep it)."""
+        opened again on first use (readers holding a mapping keep it).
+
+        What was written is synced first: flush() can only sync files the segment holds open,
+        and a roll moves the recovery point past this segment (the loader will not check it)."""
         with self._lock:
+            if self._unsynced and not self.readonly:
+                if self._offset_index is not None:  # close() would trim after the sync
+                    self._offset_index.trim_to_valid_size()
+                    self._time_index.trim_to_valid_size()
+                self.flush()
             if self._offset_index is not None:
                 self._offset_index.close()
                 self._time_index.close()
@@ -488,7 +498,7 @@ class LogSegment:
             return 0
         keep = int(first["position"])
         removed = self.size - keep
-        self._dirty = True
+        self._dirty = self._unsynced = True
         self._rewrite_prefix(keep)
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
@@ -561,6 +571,7 @@ class LogSegment:
             self._time_index.flush()
         if self._txn_index is not None:
             self._txn_index.flush()
+        self._unsynced = False
 
     def close(self) -> None:
         """Final time-index entry, trim and close (a later open sees only valid entries)."""

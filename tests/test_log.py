@@ -727,6 +727,30 @@ def test_roll_flushes_old_segments(tmp_path):
     assert log.recovery_point == log.active_segment.base_offset > 0
 
 
+def test_roll_syncs_the_sealed_segment_it_moves_the_recovery_point_past(tmp_path, monkeypatch):
+    """The loader recovers only segments at or above the recovery point, so a roll (which moves
+    it to the new segment) must have put the old segment's log and trimmed indexes on disk,
+    though it also closes the old segment's descriptor and drops its index maps."""
+    synced = set()
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        synced.add((st.st_ino, st.st_size))  # what this call made durable
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    log = open_log(tmp_path / "t-0", segment_bytes=300)
+    for i in range(10):
+        log.append(b"x" * 50)
+    sealed = log.segments[:-1]
+    assert sealed and log.recovery_point == log.active_segment.base_offset
+    for seg in sealed:
+        for path in (seg.log_path, *seg._index_paths):
+            st = os.stat(path)
+            assert (st.st_ino, st.st_size) in synced, f"{path} was never synced as it is"
+
+
 def test_close_and_reopen_keeps_everything(tmp_path):
     log = _filled(tmp_path, index_interval_bytes=80)
     log.append(b"last", key=b"k", headers=[("h", b"v")], timestamp_ms=T0 - 5)
