@@ -253,7 +253,36 @@ def test_encoder_output_comes_from_the_pool_read_only():
 
 
 def test_small_encoder_output_is_plain_memory():
+    before = buffer_pool.stats()   # whatever other tests still hold: only the change counts
     enc = _core.encode_columns(BinaryColumn.from_fixed(np.zeros((10, 4), dtype=np.uint8)), None, 5)
-    before = buffer_pool.stats()
+    after = buffer_pool.stats()
     assert isinstance(enc.data, memoryview) and isinstance(enc.data.obj, bytes)
-    assert before.in_use_bytes == 0
+    assert (after.in_use_bytes, after.hits + after.misses) == \
+        (before.in_use_bytes, before.hits + before.misses)
+
+
+def test_encoder_output_outlives_its_memoryview_while_anything_reads_it():
+    """A caller may release() the returned memoryview (or leave a ``with`` block over it):
+    numpy arrays, Arrow buffers and slices taken from it keep the pooled block, so the next
+    encode never writes under them."""
+    def encode(fill):
+        values = np.full((20_000, VALUE), fill, dtype=np.uint8)
+        return _core.encode_columns(BinaryColumn.from_fixed(values), None,
+                                    np.arange(20_000, dtype=np.int64))
+
+    buffer_pool.release()
+    enc = encode(1)
+    expected = bytes(enc.data)
+    with enc.data as view:
+        arr = np.frombuffer(view, dtype=np.uint8)
+        arrow = pa.py_buffer(view[:1000])
+        tail = view[-1000:]
+    enc.data.release()
+    del enc, view
+    assert buffer_pool.stats().free_blocks == 0   # still viewed: not back in the pool
+    others = [encode(2) for _ in range(3)]
+    assert arr.tobytes() == expected
+    assert arrow.to_pybytes() == expected[:1000] and bytes(tail) == expected[-1000:]
+    assert all(bytes(o.data) != expected for o in others)
+    del arr, arrow, tail
+    assert buffer_pool.stats().free_blocks == 1   # the last reader gone: the block is kept

@@ -181,7 +181,8 @@ class BatchRouter:
         return part
 
     def route(self, batch) -> Iterator[tuple]:
-        """Yield ``(topic, partition, encoded bytes, record count)`` for one input batch."""
+        """Yield ``(topic, partition, encoded batches, record count)`` for one input batch; the
+        batches are bytes-like: bytes, or a read-only memoryview (of pooled memory when large)."""
         import pyarrow as pa
 
         n = batch.num_rows
@@ -229,7 +230,8 @@ class BatchRouter:
             yield topic, partition, data, b - a
 
     @staticmethod
-    def _encode_columns(values, keys, rows, now: int, info: TopicInfo, topic: str) -> bytes:
+    def _encode_columns(values, keys, rows, now: int, info: TopicInfo,
+                        topic: str) -> memoryview:
         enc = _core.encode_columns(values, keys, now, records_per_batch=RECORDS_PER_BATCH,
                                    max_batch_bytes=info.max_batch_bytes, compression=info.codec,
                                    order=rows)
