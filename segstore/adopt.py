@@ -1,44 +1,63 @@
-"""Adopting a file of encoded v2 batches as a new segment (``PartitionLog.adopt_segment_file``).
+"""Adopting files of encoded v2 batches as new segments (``PartitionLog.adopt_segment_files``).
 
 An append copies, CRC-checks and writes every byte. A staged file that already holds whole v2
 batches (a Spark task's output, design §1.9) can instead become a segment itself: only each
-batch's 12-byte baseOffset/leader-epoch field is rewritten (outside the CRC), the file is fsynced,
-its indexes are built from the batch headers, and it is renamed into the partition directory.
-The cost is O(batches) plus the writeback of the file's dirty pages, which an append pays too.
+batch's 12-byte baseOffset/leader-epoch field is rewritten (outside the CRC), the file is
+fdatasynced, it gets its indexes, and it is renamed into the partition directory. The cost is
+O(batches) plus the writeback of the file's dirty pages, which an append pays too.
 
-Steps, under the log's lock (``adopt_hook(step)`` is called after each, for crash tests):
+Staged indexes. Whoever stages a file may write its indexes beside it with
+:func:`stage_indexes` (``<file>.index`` and ``<file>.timeindex``): the entries' offsets are
+relative to the segment's base offset, so they do not depend on where the file lands. Adoption
+computes the entries from the batch headers anyway (in memory, cheap) and renames the staged
+files in only when they hold exactly those bytes; otherwise it writes the indexes itself. Either
+way they hold what a sealed segment's indexes hold: the sparse rule's entries plus the final
+time-index entry. Adoption fdatasyncs staged index files before renaming them in, which costs
+next to nothing when the stager synced them (the Spark task does, in parallel with its data
+files), where writing and syncing two new files at adoption costs two journal commits.
 
-1. ``checked``  - the file is scanned (sizes, magic 2, CRCs, ``max.message.bytes``); before
+Steps for a run of files, under the log's lock (``adopt_hook(step)`` is called after each, for
+crash tests):
+
+1. ``checked``  - each file is scanned (sizes, magic 2, CRCs, ``max.message.bytes``); before
    the lock, since it does not depend on the log.
-2. ``offsets``  - each batch's baseOffset is set so offsets continue from the log end offset
-   (leader epoch 0, as appends write), producer state validates the batches, and the file is
-   fsynced.
+2. ``offsets``  - each batch's baseOffset is set so that offsets continue from the log end
+   offset, file after file (leader epoch 0, as appends write), producer state validates the
+   batches, and each file is fdatasynced (its length did not change, so fdatasync is enough).
 3. ``sealed``   - the active segment is sealed (final time-index entry, trimmed indexes) and the
    log flushed up to its end, as a roll does; an empty active segment is replaced instead.
-4. ``moved``    - the file is renamed ``<LEO>.log.cleaned`` in the partition directory.
-5. ``indexed``  - ``<LEO>.index.cleaned`` and ``.timeindex.cleaned`` are built with the sparse
-   rule (``LogSegment.rebuild_indexes``) and fsynced.
-6. ``renamed``  - the ``.cleaned`` suffixes are dropped (log first) and the directory is fsynced.
-7. ``published``- the segment joins the log's snapshot state, producer state replays its
+4. ``moved``    - each file is renamed ``<base offset>.log.cleaned`` in the partition directory.
+5. ``indexed``  - each file's ``.index.cleaned`` and ``.timeindex.cleaned``: the staged ones
+   renamed in, or written; synced either way.
+6. ``renamed``  - the ``.cleaned`` suffixes are dropped, file by file (log first), then the
+   directory is fsynced, once for the run.
+7. ``published``- the segments join the log's snapshot state, producer state replays their
    headers, and the recovery point moves to the new log end (everything is on disk).
 
 Crash safety comes from the loader: ``.cleaned`` files are deleted when a partition is opened
 (they are what an unfinished cleaner round leaves, and nothing else at or above the log end
-offset uses that suffix), so a crash before step 6 leaves no adopted segment; after the log's
-rename the segment is whole and fsynced, and missing or stale index files are rebuilt by the
-loader (a missing ``.index`` triggers recovery of the segment). A commit that crashed after
-step 6 is rolled back by its manifest like an append (``truncate_to`` cuts adopted segments too).
+offset uses that suffix), so a crash before step 6 leaves no adopted segment; a log file that
+carries its final name is whole and fsynced, and missing or stale index files are rebuilt by the
+loader (a missing ``.index`` triggers recovery of the segment). With one file, a crash leaves no
+adopted segment or a whole one. With several, the renames of step 6 share one directory fsync,
+and POSIX does not order renames that are not yet durable: a crash before that fsync can keep any
+of the run's segments, possibly with a gap where a lost one was. The Spark commit, which adopts
+runs, rolls every partition of an interrupted commit back to its manifest offset, so only whole
+commits survive either way (docs/spark.md); a caller that wants "a prefix or nothing" adopts
+one file per call. A commit that crashed after step 6 is rolled back by its manifest like an
+append (``truncate_to`` cuts adopted segments too).
 
 Where adoption does not apply, the file is appended instead (copying, chunk by chunk): when it
 is larger than ``segment.bytes`` or than a segment's 2^31 relative offsets, when the topic stamps
 ``LogAppendTime`` (the CRC must be recomputed), or when the file lives on another filesystem.
-Either way the file is consumed (renamed or deleted) on success.
+Either way the file and its staged indexes are consumed (renamed or deleted) on success.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import sys
 from typing import Optional
 
 import numpy as np
@@ -46,16 +65,24 @@ import numpy as np
 from . import _core
 from .checkpoint import fsync_dir
 from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
-from .segment import CLEANED_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment, segment_paths
+from .producer_state import has_producer_batches
+from .segment import (CLEANED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET,
+                      TIME_INDEX_SUFFIX, LogSegment, sealed_index_entries, segment_paths)
 
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call (fallback)
 
 # Whether adoption checks CRCs. Spark tasks stage batches segstore's own encoder produced, but
 # the files sat on disk between the tasks and the commit, and adopted bytes are never checked
-# again. Measured on the project's machine: the header walk of a 17 MB file takes 0.25 ms,
-# with CRC-32C 1.5 ms, against about 17 ms for the whole adoption (mostly the fsync), so the
-# check stays.
+# again. Measured on the project's machine: the check of a 15.7 MB staged file costs about
+# 0.5 ms of CPU (reading its pages through the map included), under 2% of a commit's CPU, so
+# it stays (docs/spark.md, "Performance").
 VALIDATE_CRC = True
+
+# On Linux a shared map's stores are the file's page cache, which fdatasync writes back; msync
+# (mmap.flush) would add a full fsync of its own. Elsewhere the map is flushed first.
+_MSYNC_BEFORE_SYNC = not sys.platform.startswith("linux")
+
+STAGED_INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX)  # beside the staged file: <file>.index
 
 # Tests set this to a callable(step) to crash an adoption after a step.
 adopt_hook = None
@@ -87,51 +114,185 @@ def _scan(buf, path: str, config) -> np.ndarray:
     return b
 
 
-def adopt_file(lg, path: str):
-    """Adopt ``path`` into the writable log ``lg`` (see the module docstring); an AppendInfo."""
-    from .log import AppendInfo, _State
+def rebase(batches: np.ndarray, base_offset: int) -> np.ndarray:
+    """``batches`` (headers) with base and last offsets made consecutive from ``base_offset``,
+    as adoption rewrites them (a copy)."""
+    out = batches.copy()
+    counts = (batches["last_offset"] - batches["base_offset"] + 1).astype(np.int64)
+    new_base = base_offset + np.concatenate(([0], np.cumsum(counts)[:-1]))
+    out["last_offset"] = new_base + counts - 1
+    out["base_offset"] = new_base
+    return out
 
-    config = lg.config
-    fd = os.open(path, os.O_RDWR)
-    mm: Optional[mmap.mmap] = None
+
+def staged_index_paths(path: str) -> tuple:
+    """Where :func:`stage_indexes` puts the indexes of staged file ``path``."""
+    return tuple(path + suffix for suffix in STAGED_INDEX_SUFFIXES)
+
+
+def stage_indexes(path: str, index_interval_bytes: int) -> tuple:
+    """Write the indexes that staged file ``path`` will have as a segment beside it; returns
+    their paths.
+
+    The file's batch headers are scanned (no CRC check: adoption checks), and the entries are
+    what :func:`sealed_index_entries` gives for them rebased to 0 (index offsets are relative
+    to the segment's base offset). Not synced: the caller syncs them with its data files.
+    Adoption uses them only if they hold exactly the entries it computes.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+        try:
+            batches = _core.scan_batches(mm, strict=True, file=path).batches
+        finally:
+            if size:
+                mm.close()
+    offs, times = sealed_index_entries(rebase(batches, 0), 0, index_interval_bytes)[:2]
+    paths = staged_index_paths(path)
+    for p, entries in zip(paths, (offs, times)):
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            view = memoryview(entries.tobytes())
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    return paths
+
+
+def _staged_indexes_match(path: str, built: tuple) -> bool:
+    """Whether both staged index files of ``path`` exist and hold exactly ``built``'s entries."""
+    for p, entries in zip(staged_index_paths(path), built[:2]):
+        expected = entries.tobytes()
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            if os.fstat(fd).st_size != len(expected) or os.pread(fd, len(expected), 0) != expected:
+                return False
+        finally:
+            os.close(fd)
+    return True
+
+
+def _remove_staged_indexes(path: str) -> None:
+    for p in staged_index_paths(path):
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def _fdatasync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        st = os.fstat(fd)
-        size = st.st_size
-        if size == 0:
-            raise InvalidRecordError(f"{path} is empty: nothing to adopt")
-        mm = mmap.mmap(fd, size)  # shared and writable: baseOffsets are rewritten through it
-        batches = _scan(mm, path, config)
-        _step("checked")
-        counts = (batches["last_offset"] - batches["base_offset"] + 1).astype(np.int64)
-        span = int(counts.sum())
-        if (size > config.segment_bytes or span - 1 > MAX_RELATIVE_OFFSET
-                or config.message_timestamp_type == "LogAppendTime"
-                or st.st_dev != os.stat(lg.directory).st_dev):
-            return _append_instead(lg, mm, batches, path)
-        with lg._lock:
-            lg._check_writable()
-            leo = lg._state.log_end_offset
-            new_base = leo + np.concatenate(([0], np.cumsum(counts)[:-1]))
-            positions = batches["position"].tolist()
-            for pos, base in zip(positions, new_base.tolist()):
-                _core.set_base_offset(mm, pos, base, 0)
-            batches["last_offset"] = new_base + (batches["last_offset"] - batches["base_offset"])
-            batches["base_offset"] = new_base
-            lg.producer_state.validate(mm, batches)  # fenced epochs, transaction state
-            mm.flush()
-            os.fsync(fd)
-            _step("offsets")
-            return _install(lg, path, mm, batches, leo, size, AppendInfo, _State)
+        os.fdatasync(fd)
     finally:
-        if mm is not None:
-            mm.close()
         os.close(fd)
 
 
-def _install(lg, path, mm, batches, leo, size, AppendInfo, _State):
+class _Staged:
+    """One file being adopted: descriptor, shared writable map, batch headers."""
+
+    __slots__ = ("path", "fd", "mm", "size", "dev", "batches", "base")
+
+    def __init__(self, path: str, config):
+        self.path = path
+        self.mm: Optional[mmap.mmap] = None
+        self.fd = os.open(path, os.O_RDWR)
+        try:
+            st = os.fstat(self.fd)
+            self.size, self.dev = st.st_size, st.st_dev
+            if self.size == 0:
+                raise InvalidRecordError(f"{path} is empty: nothing to adopt")
+            self.mm = mmap.mmap(self.fd, self.size)  # baseOffsets are rewritten through it
+            self.batches = _scan(self.mm, path, config)
+        except BaseException:
+            self.close()
+            raise
+        self.base = -1
+
+    @property
+    def span(self) -> int:
+        """Offsets the file's batches take."""
+        b = self.batches
+        return int((b["last_offset"] - b["base_offset"] + 1).sum())
+
+    def close(self) -> None:
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def adopt_files(lg, paths) -> "AppendInfo":
+    """Adopt ``paths`` in order into the writable log ``lg`` (see the module docstring); one
+    AppendInfo for them all (their offsets are contiguous)."""
+    config = lg.config
+    staged = []
+    try:
+        for path in paths:  # every file is checked before the log changes
+            staged.append(_Staged(path, config))
+        _step("checked")
+        dev = os.stat(lg.directory).st_dev
+        infos = []
+        with lg._lock:  # one contiguous range of offsets
+            lg._check_writable()
+            run: list = []
+            for s in staged:
+                if (s.size > config.segment_bytes or s.span - 1 > MAX_RELATIVE_OFFSET
+                        or config.message_timestamp_type == "LogAppendTime" or s.dev != dev):
+                    if run:
+                        infos.append(_adopt_run(lg, run))
+                        run = []
+                    infos.append(_append_instead(lg, s))
+                    continue
+                if run and has_producer_batches(s.batches):
+                    # Producer state validates a file against the state the files before it
+                    # leave, which exists only once they are published.
+                    infos.append(_adopt_run(lg, run))
+                    run = []
+                run.append(s)
+            if run:
+                infos.append(_adopt_run(lg, run))
+    finally:
+        for s in staged:
+            s.close()
+    from .log import AppendInfo
+    return AppendInfo(infos[0].first_offset, infos[-1].last_offset,
+                      max(i.max_timestamp for i in infos), sum(i.num_records for i in infos),
+                      sum(i.size_bytes for i in infos))
+
+
+def _adopt_run(lg, run: list):
+    """Steps 2-7 for files adopted together (under the lock)."""
+    base = lg._state.log_end_offset
+    for s in run:
+        s.base = base
+        rebased = rebase(s.batches, base)
+        for pos, b in zip(s.batches["position"].tolist(), rebased["base_offset"].tolist()):
+            _core.set_base_offset(s.mm, pos, b, 0)
+        s.batches = rebased
+        lg.producer_state.validate(s.mm, s.batches)  # fenced epochs, transaction state
+        base = int(rebased["last_offset"][-1]) + 1
+    for s in run:
+        if _MSYNC_BEFORE_SYNC:
+            s.mm.flush()
+        os.fdatasync(s.fd)
+    _step("offsets")
+    return _install(lg, run)
+
+
+def _install(lg, run: list):
     """Steps 3-7 (under the lock): seal, move, index, rename, publish."""
+    from .log import AppendInfo, _State
+
     config = lg.config
     st = lg._state
+    leo = st.log_end_offset
     active = st.segments[-1]
     replace_active = active.size == 0
     if not replace_active:
@@ -139,90 +300,109 @@ def _install(lg, path, mm, batches, leo, size, AppendInfo, _State):
         active.release_files()  # sealed: reopened lazily
     lg._flush_locked(leo)  # what precedes the adopted data is on disk before it appears
     _step("sealed")
-    paths = segment_paths(lg.directory, leo, CLEANED_SUFFIX)
-    for p in paths.values():
-        try:
-            os.unlink(p)  # leftovers of an earlier crash the loader has not seen yet
-        except FileNotFoundError:
-            pass
-    os.rename(path, paths[".log"])
-    seg = None
+    segs: list = []
     try:
+        for s in run:
+            paths = segment_paths(lg.directory, s.base, CLEANED_SUFFIX)
+            for p in paths.values():
+                try:
+                    os.unlink(p)  # leftovers of an earlier crash the loader has not seen yet
+                except FileNotFoundError:
+                    pass
+            os.rename(s.path, paths[LOG_SUFFIX])
+            segs.append(LogSegment(lg.directory, s.base, config, lg.clock, suffix=CLEANED_SUFFIX))
         _step("moved")
-        seg = LogSegment(lg.directory, leo, config, lg.clock, suffix=CLEANED_SUFFIX)
-        seg.rebuild_indexes(batches)
-        seg.flush()
+        for i, (s, seg) in enumerate(zip(run, segs)):
+            built = sealed_index_entries(s.batches, s.base, config.index_interval_bytes)
+            in_place = _staged_indexes_match(s.path, built)
+            if in_place:
+                cleaned = segment_paths(lg.directory, s.base, CLEANED_SUFFIX)
+                for staged, suffix in zip(staged_index_paths(s.path), STAGED_INDEX_SUFFIXES):
+                    _fdatasync_path(staged)
+                    os.rename(staged, cleaned[suffix])
+            else:
+                _remove_staged_indexes(s.path)
+            seg.adopt_indexes(s.batches, built, in_place, active=i == len(run) - 1)
         _step("indexed")
     except BaseException:
-        if seg is not None:
+        for s, seg in zip(run, segs):
             seg.delete_files()
-        else:
-            for p in paths.values():
+        for s in run[len(segs):]:
+            for p in segment_paths(lg.directory, s.base, CLEANED_SUFFIX).values():
                 try:
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
         raise
-    segs = st.segments
+    kept = st.segments
     if replace_active:
-        segs = segs[:-1]
+        kept = kept[:-1]
         active.delete_files()  # an empty segment at the log end: replaced (KAFKA-6388)
     try:
-        seg.change_file_suffixes(CLEANED_SUFFIX, "")
+        for seg in segs:
+            seg.change_file_suffixes(CLEANED_SUFFIX, "")
         fsync_dir(lg.directory)
         _step("renamed")
     except BaseException:
-        # Keep the in-memory log what a reopen would find: the adopted segment once its log
-        # file carries its final name (it is whole and fsynced), else what was there before.
-        final = segment_paths(lg.directory, leo)[".log"]
-        if seg.log_path == final:
-            _publish(lg, seg, segs, mm, batches, _State)
-        else:
+        # Keep the in-memory log what a reopen would find: the adopted segments whose log file
+        # carries its final name (whole and fsynced; renamed in order, so a prefix), else what
+        # was there before.
+        done = [seg for seg in segs
+                if seg.log_path == segment_paths(lg.directory, seg.base_offset)[LOG_SUFFIX]]
+        for seg in segs[len(done):]:
             seg.delete_files()
-            if replace_active:
-                fresh = LogSegment(lg.directory, leo, config, lg.clock,
-                                   preallocate=config.preallocate)
-                lg._state = _State(segs + (fresh,), st.log_start_offset, st.log_end_offset)
+        if done:
+            _publish(lg, run[:len(done)], done, kept, _State)
+        elif replace_active:
+            fresh = LogSegment(lg.directory, leo, config, lg.clock,
+                               preallocate=config.preallocate)
+            lg._state = _State(kept + (fresh,), st.log_start_offset, st.log_end_offset)
         raise
-    _publish(lg, seg, segs, mm, batches, _State)
+    _publish(lg, run, segs, kept, _State)
     _step("published")
-    return AppendInfo(int(batches["base_offset"][0]), int(batches["last_offset"][-1]),
-                      int(batches["max_timestamp"].max()), int(batches["records_count"].sum()),
-                      size)
+    first, last = run[0].batches, run[-1].batches
+    return AppendInfo(int(first["base_offset"][0]), int(last["last_offset"][-1]),
+                      max(int(s.batches["max_timestamp"].max()) for s in run),
+                      sum(int(s.batches["records_count"].sum()) for s in run),
+                      sum(s.size for s in run))
 
 
-def _publish(lg, seg, segs, mm, batches, _State) -> None:
+def _publish(lg, run: list, segs: list, kept: tuple, _State) -> None:
     st = lg._state
-    new_leo = int(batches["last_offset"][-1]) + 1
-    lg._state = _State(segs + (seg,), st.log_start_offset, new_leo)
-    lg.producer_state.update(mm, batches, seg)  # ABORT markers go to seg's .txnindex
-    if seg._txn_index is not None and seg.txn_index.exists:  # aborted transactions in it
-        seg.txn_index.flush()
+    new_leo = int(run[-1].batches["last_offset"][-1]) + 1
+    lg._state = _State(kept + tuple(segs), st.log_start_offset, new_leo)
+    txn_indexes = False
+    for s, seg in zip(run, segs):
+        lg.producer_state.update(s.mm, s.batches, seg)  # ABORT markers go to seg's .txnindex
+        if seg._txn_index is not None and seg.txn_index.exists:  # aborted transactions in it
+            seg.txn_index.flush()
+            txn_indexes = True
+    if txn_indexes:
         fsync_dir(lg.directory)
-    # Everything up to the old end was flushed in step 3 and the segment is fsynced.
+    # Everything up to the old end was flushed in step 3 and the segments are synced.
     lg.recovery_point = max(lg.recovery_point, new_leo)
     lg.last_flush_ms = lg.clock()
 
 
-def _append_instead(lg, mm, batches, path):
+def _append_instead(lg, s: _Staged):
     """The copying path: append the file's batches in chunks, then delete the file."""
     from .log import AppendInfo
 
-    ends = (batches["position"] + batches["size"]).tolist()
+    ends = (s.batches["position"] + s.batches["size"]).tolist()
     start, first, last, records = 0, None, None, 0
     max_ts = -1
-    with lg._lock:  # one contiguous range of offsets
-        for i, end in enumerate(ends):
-            if end - start >= APPEND_CHUNK_BYTES or i == len(ends) - 1:
-                view = memoryview(mm)[start:end]
-                try:
-                    info = lg.append_records(view)
-                finally:
-                    view.release()
-                first = info.first_offset if first is None else first
-                last = info.last_offset
-                records += info.num_records
-                max_ts = max(max_ts, info.max_timestamp)
-                start = end
-    os.unlink(path)
-    return AppendInfo(first, last, max_ts, records, len(mm))
+    for i, end in enumerate(ends):
+        if end - start >= APPEND_CHUNK_BYTES or i == len(ends) - 1:
+            view = memoryview(s.mm)[start:end]
+            try:
+                info = lg.append_records(view)
+            finally:
+                view.release()
+            first = info.first_offset if first is None else first
+            last = info.last_offset
+            records += info.num_records
+            max_ts = max(max_ts, info.max_timestamp)
+            start = end
+    os.unlink(s.path)
+    _remove_staged_indexes(s.path)
+    return AppendInfo(first, last, max_ts, records, s.size)

@@ -238,9 +238,20 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         (or, where adoption does not apply, appended and deleted: see :mod:`segstore.adopt`).
         Bad data raises as an append would; a crash leaves no adopted segment or a whole one.
         """
+        return self.adopt_segment_files([path])
+
+    def adopt_segment_files(self, paths) -> AppendInfo:
+        """Adopt several files in order, as :meth:`adopt_segment_file` does one, with one
+        contiguous range of offsets and one directory fsync for them all.
+
+        Every file is checked before the log changes. Index files staged beside a file by
+        :func:`segstore.adopt.stage_indexes` are renamed in when they hold exactly the entries
+        adoption computes. A crash during the call can keep any of the files' segments (each
+        whole); callers that need all or nothing keep a manifest, as the Spark commit does.
+        """
         self._check_writable()
-        from .adopt import adopt_file
-        return adopt_file(self, path)
+        from .adopt import adopt_files
+        return adopt_files(self, list(paths))
 
     def _log_append_time(self, now: int) -> Optional[int]:
         return now if self.config.message_timestamp_type == "LogAppendTime" else None

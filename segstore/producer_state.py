@@ -446,3 +446,9 @@ def stamp_log_append_time(batch: bytearray, now: int) -> bytearray:
 __all__ = ["AbortedTxn", "CompletedTxn", "ProducerStateEntry", "ProducerStateManager",
            "load_producer_state", "snapshot_path", "list_snapshots", "delete_snapshots",
            "increment_sequence", "stamp_log_append_time"]
+
+
+def has_producer_batches(batches: np.ndarray) -> bool:
+    """Whether any of ``batches`` (v2 headers) carries a producer id, i.e. changes the state."""
+    rows = _producer_rows(batches)
+    return rows is not None and len(rows) > 0

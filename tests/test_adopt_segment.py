@@ -22,6 +22,7 @@ from segstore import _core, adopt
 from segstore.checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
 from segstore.columns import BinaryColumn
 from segstore.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
+from segstore.segment import sealed_index_entries
 
 T0 = 1_700_000_000_000
 STEPS = ("checked", "offsets", "sealed", "moved", "indexed", "renamed", "published")
@@ -280,9 +281,23 @@ def test_producer_state_and_aborted_transactions(tmp_path, oracle):
     store.close()
 
 
+def stage_files(root, n_files, *, indexed=False, interval=4096):
+    """``n_files`` staged files of 100 records each (numbered on), optionally with staged
+    indexes; their paths."""
+    paths = []
+    for i in range(n_files):
+        path = stage(root, encode(100, 100 * i), f"{i}.stage")
+        if indexed:
+            adopt.stage_indexes(path, interval)
+        paths.append(path)
+    return paths
+
+
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("active_empty", [False, True])
-def test_error_at_each_step_leaves_a_consistent_log(tmp_path, monkeypatch, step, active_empty):
+@pytest.mark.parametrize("n_files,indexed", [(1, False), (2, False), (2, True)])
+def test_error_at_each_step_leaves_a_consistent_log(tmp_path, monkeypatch, step, active_empty,
+                                                    n_files, indexed):
     root = str(tmp_path / "s")
     store = open_store(root)
     lg = store.partition("t", 0)
@@ -290,18 +305,19 @@ def test_error_at_each_step_leaves_a_consistent_log(tmp_path, monkeypatch, step,
         lg.append(b"a")
     before = records(lg)
     n0 = lg.log_end_offset
+    paths = stage_files(root, n_files, indexed=indexed)
 
     def hook(name):
         if name == step:
             raise RuntimeError(f"crash at {name}")
     monkeypatch.setattr(adopt, "adopt_hook", hook)
     with pytest.raises(RuntimeError):
-        lg.adopt_segment_file(stage(root, encode(100)))
+        lg.adopt_segment_files(paths)
     monkeypatch.setattr(adopt, "adopt_hook", None)
     assert lg.verify() == []
-    adopted = lg.log_end_offset == n0 + 100
+    adopted = lg.log_end_offset == n0 + 100 * n_files
     assert adopted == (step in ("renamed", "published")), step
-    assert lg.log_end_offset in (n0, n0 + 100)
+    assert lg.log_end_offset in (n0, n0 + 100 * n_files)
     assert records(lg)[:len(before)] == before
     assert not [n for n in os.listdir(lg.directory) if n.endswith(".cleaned")]
     lg.append(b"z")  # the log goes on
@@ -318,8 +334,9 @@ def test_error_at_each_step_leaves_a_consistent_log(tmp_path, monkeypatch, step,
 
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("active_empty", [False, True])
+@pytest.mark.parametrize("n_files,indexed", [(1, False), (2, False), (2, True)])
 def test_crash_at_each_step_leaves_nothing_or_a_whole_segment(tmp_path, monkeypatch, step,
-                                                              active_empty):
+                                                              active_empty, n_files, indexed):
     """The store directory as it is on disk right after ``step`` (a copy taken then), opened
     after an unclean shutdown."""
     root = str(tmp_path / "s")
@@ -330,13 +347,13 @@ def test_crash_at_each_step_leaves_nothing_or_a_whole_segment(tmp_path, monkeypa
         lg.append_batch([b"a", b"b"])
     before = records(lg)
     n0 = lg.log_end_offset
-    data = encode(100)
+    paths = stage_files(root, n_files, indexed=indexed)
 
     def hook(name):
         if name == step:
             shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".lock"))
     monkeypatch.setattr(adopt, "adopt_hook", hook)
-    lg.adopt_segment_file(stage(root, data))
+    lg.adopt_segment_files(paths)
     full = records(lg)
     store.close()
 
@@ -352,4 +369,133 @@ def test_crash_at_each_step_leaves_nothing_or_a_whole_segment(tmp_path, monkeypa
     lg.append(b"more")
     assert lg.log_end_offset == len(got) + 1
     assert lg.verify() == []
+    store.close()
+
+
+def index_files(lg) -> dict:
+    """{file name: bytes} of every index file of the partition."""
+    out = {}
+    for name in sorted(os.listdir(lg.directory)):
+        if name.endswith((".index", ".timeindex")):
+            with open(os.path.join(lg.directory, name), "rb") as f:
+                out[name] = f.read()
+    return out
+
+
+def test_several_files_in_one_call_match_one_at_a_time(tmp_path, oracle):
+    """One call adopts three files (two with staged indexes, renamed in): the same segments,
+    index bytes and records as three single adoptions, which build their indexes."""
+    datas = [encode(300), encode(200, 300), encode(50, 500)]
+    logs = {}
+    for mode in ("one_call", "singles"):
+        root = str(tmp_path / mode)
+        store = open_store(root, index_interval_bytes=1024)
+        lg = store.partition("t", 0)
+        lg.append_batch([b"first"], [b"k"], timestamps_ms=[T0 - 5])
+        paths = [stage(root, d, f"{i}.stage") for i, d in enumerate(datas)]
+        if mode == "one_call":
+            inodes = []
+            for path in paths[:2]:
+                adopt.stage_indexes(path, 1024)
+                inodes.append([os.stat(p).st_ino for p in adopt.staged_index_paths(path)])
+            info = lg.adopt_segment_files(paths)
+            assert (info.first_offset, info.last_offset, info.num_records, info.size_bytes) == \
+                (1, 550, 550, sum(map(len, datas)))
+            assert info.max_timestamp == T0 + 549
+            for seg, ino in zip(lg.segments[1:3], inodes):  # the staged files, renamed in
+                assert [os.stat(p).st_ino for p in seg._index_paths] == ino
+            # Sealed segments' indexes are trimmed; the active one's are preallocated.
+            assert [s.offset_index.file_size == s.offset_index.size_bytes
+                    for s in lg.segments[1:]] == [True, True, False]
+        else:
+            for path in paths:
+                lg.adopt_segment_file(path)
+        assert not any(os.path.exists(p) for path in paths
+                       for p in (path, *adopt.staged_index_paths(path)))
+        assert [s.base_offset for s in lg.segments] == [0, 1, 301, 501]
+        assert lg.log_end_offset == 551 and lg.verify() == []
+        logs[mode] = (store, lg)
+    oracle.append_batch([b"first"], [b"k"], timestamps_ms=[T0 - 5])
+    for d in datas:
+        oracle.append_records(d)
+    for store, lg in logs.values():
+        assert records(lg) == records(oracle) and columns(lg) == columns(oracle)
+        for ts in (T0 - 10, T0, T0 + 299, T0 + 300, T0 + 549, T0 + 550, -1, -2):
+            assert lg.offset_for_time(ts) == oracle.offset_for_time(ts), ts
+        lg.append(b"after", timestamp_ms=T0 + 9000)  # appends go on in the last adopted segment
+        assert len(lg.segments) == 4
+        store.close()
+    assert index_files(logs["one_call"][1]) == index_files(logs["singles"][1])
+    store = crash_reopen(str(tmp_path / "one_call"))
+    lg = store.partition("t", 0)
+    assert lg.verify() == [] and lg.log_end_offset == 552
+    store.close()
+
+
+@pytest.mark.parametrize("damage", ["interval", "flipped", "missing", "longer"])
+def test_staged_indexes_that_do_not_match_are_not_used(tmp_path, damage):
+    """Staged index files that differ from what adoption computes (another index interval,
+    damage, one missing, extra bytes) are dropped and the indexes built instead."""
+    root = str(tmp_path / "s")
+    store = open_store(root, index_interval_bytes=1024)
+    lg = store.partition("t", 0)
+    path = stage(root, encode(400, per_batch=25))
+    index, timeindex = adopt.stage_indexes(path, 512 if damage == "interval" else 1024)
+    if damage == "flipped":
+        with open(index, "r+b") as f:
+            f.seek(5)
+            b = f.read(1)
+            f.seek(5)
+            f.write(bytes([b[0] ^ 1]))
+    elif damage == "missing":
+        os.unlink(timeindex)
+    elif damage == "longer":
+        with open(timeindex, "ab") as f:
+            f.write(b"\0" * 12)
+    lg.adopt_segment_file(path)
+    seg = lg.segments[-1]
+    assert not any(os.path.exists(p) for p in (index, timeindex))
+    # The entries are right, where the staged files' were not (or were missing).
+    offs, times = sealed_index_entries(seg.read_batch_headers()[1], 0, 1024)[:2]
+    assert seg.offset_index.entries == len(offs) > 3
+    assert seg.offset_index.entries_array().tobytes() == offs.tobytes()
+    assert seg.time_index.entries_array().tobytes() == times.tobytes()
+    assert lg.verify() == []
+    store.close()
+
+
+def test_a_file_with_producer_batches_is_checked_against_the_files_before_it(tmp_path, oracle):
+    """Producer state validates each file against what the files before it in the call leave:
+    a fenced batch after its producer's newer epoch is refused, the files before it stay."""
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    lg = store.partition("t", 0)
+    plain, txn = encode(20), _txn_data()
+    fenced = bytes(_core.encode_batch([b"old"], None, None, T0, base_offset=0, producer_id=7,
+                                      producer_epoch=0, base_sequence=0))
+    with pytest.raises(InvalidRecordError, match="fenced"):
+        lg.adopt_segment_files([stage(root, plain, "a.stage"), stage(root, txn, "b.stage"),
+                                stage(root, fenced, "c.stage")])
+    for d in (plain, txn):
+        oracle.append_records(d)
+    assert records(lg) == records(oracle) and lg.verify() == []
+    assert lg.active_producers() == oracle.active_producers()
+    assert lg.segments[-1].collect_aborted(0, 100) == oracle.segments[-1].collect_aborted(0, 100)
+    store.close()
+
+
+def test_a_bad_file_in_a_call_changes_nothing(tmp_path):
+    """Every file is checked before the log changes: damage in the last file of a call
+    leaves the earlier ones unadopted (and still staged)."""
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    lg = store.partition("t", 0)
+    lg.append(b"a")
+    bad = bytearray(encode(100, 100))
+    bad[len(bad) // 2] ^= 0x10
+    paths = [stage(root, encode(100), "a.stage"), stage(root, bytes(bad), "b.stage")]
+    with pytest.raises(CorruptRecordError):
+        lg.adopt_segment_files(paths)
+    assert lg.log_end_offset == 1 and len(lg.segments) == 1 and lg.verify() == []
+    assert os.path.exists(paths[0])
     store.close()

@@ -14,7 +14,7 @@ from kafka.partitioner.default import murmur2
 from pyspark.sql import functions as F
 
 import segstore
-from segstore import _core
+from segstore import _core, adopt
 from segstore.errors import CorruptRecordError
 from segstore.spark import staging
 from segstore.spark.encode import BatchRouter, InputLayout, TopicInfo
@@ -245,21 +245,21 @@ def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch,
     first = stage(root, "dead", "t", 0, [b"x1", b"x2"])
     second = stage(root, "dead", "t", 1, [b"y"])
     calls = []
-    real = staging._publish_file
+    real = staging._publish_files
 
-    def crash_on_second(lg, path, f):
-        calls.append(path)
+    def crash_on_second(lg, files):
+        calls.append(files)
         if len(calls) == 2:
             raise SystemExit("the committing process died here")  # skips the rollback path
-        return real(lg, path, f)
+        return real(lg, files)
 
-    monkeypatch.setattr(staging, "_publish_file", crash_on_second)
+    monkeypatch.setattr(staging, "_publish_files", crash_on_second)
     real_roll_back = staging._roll_back
     monkeypatch.setattr(staging, "_roll_back", lambda store, manifest: [])  # died: no rollback
     with segstore.open(root) as store:
         with pytest.raises(SystemExit):
             staging.publish(store, root, "dead", [first, second])
-    monkeypatch.setattr(staging, "_publish_file", real)
+    monkeypatch.setattr(staging, "_publish_files", real)
     monkeypatch.setattr(staging, "_roll_back", real_roll_back)
     with open(os.path.join(staging.job_dir(root, "dead"), staging.MANIFEST), "w") as f:
         # The crash also lost the manifest removal: recreate what publish had written.
@@ -273,6 +273,115 @@ def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch,
         staging.publish(store, root, "next", [later])
     assert end_offsets(root, "t") == {0: 0, 1: 0, 2: 0, 3: 1}
     assert not os.path.exists(staging.job_dir(root, "dead"))
+
+
+def stage_indexed(root, job, topic, files_per_partition, n=300):
+    """One task staging ``files_per_partition`` {partition: count} files, each written by a
+    Stager of its own (so a partition gets several files in one commit), with staged indexes."""
+    msgs = []
+    for partition, count in files_per_partition.items():
+        for i in range(count):
+            stager = staging.Stager(root, job, staging.task_tag(), index_interval=lambda t: 4096)
+            values = [(b"p%d-f%d-%d" % (partition, i, k)).ljust(100, b".") for k in range(n)]
+            for start in range(0, n, 100):
+                chunk = values[start:start + 100]
+                stager.add(topic, partition, _core.encode_batch(chunk), len(chunk))
+            msgs.append(staging.StagedCommitMessage(job=job, task=stager.task,
+                                                    files=stager.finish()))
+    return msgs
+
+
+def damage(path, kind):
+    """Alter a staged file between its task and the commit."""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        if kind == "torn":
+            f.truncate(len(data) - 100)
+        elif kind == "flipped":  # one bit of a record in the middle of the file
+            data[len(data) // 2] ^= 0x04
+            f.seek(0)
+            f.write(data)
+        elif kind == "replaced":  # a valid file, but not what the task reported
+            f.seek(0)
+            f.truncate()
+            f.write(_core.encode_batch([b"other"] * 3))
+
+
+@pytest.mark.parametrize("kind", ["torn", "flipped", "replaced"])
+def test_a_staged_file_altered_before_the_commit_is_refused(root, monkeypatch, kind):
+    """Damage between task and commit to a file that would be adopted (the second of a run of
+    two) raises a typed error; no partition changes, whichever were published first."""
+    monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
+    msgs = stage_indexed(root, "dmg", "t", {0: 1, 1: 2, 2: 1})
+    assert all(os.path.exists(p) for m in msgs for f in m.files
+               for p in adopt.staged_index_paths(os.path.join(staging.job_dir(root, "dmg"),
+                                                              f.name)))
+    victim = [f for m in msgs for f in m.files if f.partition == 1][1]
+    damage(os.path.join(staging.job_dir(root, "dmg"), victim.name), kind)
+    with segstore.open(root) as store:
+        store.partition("t", 3).append(b"before")
+        with pytest.raises(CorruptRecordError):
+            staging.publish(store, root, "dmg", msgs)
+        assert [store.partition("t", p).log_end_offset for p in range(PARTS)] == [0, 0, 0, 1]
+        assert all(store.partition("t", p).verify() == [] for p in range(PARTS))
+    assert not os.path.exists(os.path.join(staging.job_dir(root, "dmg"), staging.MANIFEST))
+
+
+def test_staged_runs_are_adopted_with_their_indexes(root, monkeypatch):
+    """Two files of a partition are adopted in one run, their staged indexes renamed in; a
+    staged index that is wrong is not used."""
+    monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
+    msgs = stage_indexed(root, "run", "t", {0: 2, 1: 1})
+    jdir = staging.job_dir(root, "run")
+    inodes = [os.stat(os.path.join(jdir, m.files[0].name) + ".index").st_ino for m in msgs[:2]]
+    bad = os.path.join(jdir, msgs[2].files[0].name) + ".index"
+    with open(bad, "r+b") as f:
+        f.write(b"\xff")  # the first entry's relative offset, now negative
+    with segstore.open(root) as store:
+        done = staging.publish(store, root, "run", msgs)
+        assert {tp.partition: rng for tp, rng in done.items()} == {0: (0, 600), 1: (0, 300)}
+        for p, n_segs in ((0, 2), (1, 1)):
+            lg = store.partition("t", p)
+            assert len(lg.segments) == n_segs and lg.verify() == []
+            assert all(s.offset_index.entries > 0 for s in lg.segments)
+        # Partition 0's staged indexes were renamed in, not rebuilt.
+        assert [os.stat(s._index_paths[0]).st_ino for s in store.partition("t", 0).segments] \
+            == inodes
+        assert store.partition("t", 1).segments[0].offset_index.entry(0)[0] > 0
+    got = records(root, "t")
+    assert [v for p, _, v, _ in got if p == 0] == \
+        [(b"p0-f%d-%d" % (i, k)).ljust(100, b".") for i in range(2) for k in range(300)]
+    assert not os.path.exists(staging.job_dir(root, "run"))
+
+
+def test_a_commit_that_died_with_a_lost_rename_is_rolled_back(root, monkeypatch):
+    """A crash before a run's directory fsync may keep the second file's segment but not the
+    first's (renames are not ordered until then): the next commit still rolls the partition
+    back to its manifest offset."""
+    monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
+    msgs = stage_indexed(root, "dead", "t", {0: 2})
+    with segstore.open(root) as store:
+        staging.publish(store, root, "dead", msgs)
+        lg = store.partition("t", 0)
+        first = lg.segments[0]
+        paths = [first.log_path, *first._index_paths]
+    # The state on disk after the crash: the manifest still there, the first rename lost.
+    os.makedirs(staging.job_dir(root, "dead"), exist_ok=True)
+    with open(os.path.join(staging.job_dir(root, "dead"), staging.MANIFEST), "w") as f:
+        import json
+        json.dump({"job": "dead", "partitions": {
+            "t-0": {"topic": "t", "partition": 0, "before": 0, "records": 600}}}, f)
+    for p in paths:
+        os.unlink(p)
+    from segstore.checkpoint import CLEAN_SHUTDOWN_FILE
+    os.unlink(os.path.join(root, CLEAN_SHUTDOWN_FILE))
+    assert end_offsets(root, "t")[0] == 600  # the second segment alone, after a gap
+    later = stage(root, "next", "t", 3, [b"z"])
+    with segstore.open(root) as store:
+        staging.publish(store, root, "next", [later])
+        assert store.partition("t", 0).verify() == []
+    assert end_offsets(root, "t") == {0: 0, 1: 0, 2: 0, 3: 1}
+    assert records(root, "t") == [(3, None, b"z", [])]
 
 
 def test_abort_stops_straggling_tasks_and_old_garbage_is_collected(root):
@@ -300,7 +409,7 @@ def test_router_groups_rows_by_partition(root):
     batch = pa.record_batch({"key": pa.array([b"a", b"b", None, b"a"]),
                              "value": pa.array(["1", "2", "3", "4"])})
     router = BatchRouter(InputLayout(value="value", key="key"), "t",
-                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0))
+                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0, 4096))
     out = list(router.route(batch))
     assert sum(n for *_, n in out) == 4
     by_partition = {}
@@ -336,7 +445,7 @@ def test_router_matches_a_plain_model_across_topics_and_partitions(root, with_he
     router = BatchRouter(
         InputLayout(value="value", key="key", topic="topic", partition="partition",
                     headers="headers" if with_headers else None), None,
-        lambda t: TopicInfo(counts[t], 1 << 20, 1 << 20, 0), sticky_seed=0)
+        lambda t: TopicInfo(counts[t], 1 << 20, 1 << 20, 0, 4096), sticky_seed=0)
     got = {}
     for topic, p, data, count in router.route(pa.record_batch(cols)):
         recs = _core.decode_records(data)
@@ -358,7 +467,7 @@ def test_router_single_topic_keys_and_sticky_null_keys_across_batches(root):
     import pyarrow as pa
 
     router = BatchRouter(InputLayout(value="value", key="key"), "t",
-                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0), sticky_seed=7)
+                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0, 4096), sticky_seed=7)
     null_parts = []
     for b in range(3):
         keys = [None if i % 3 == 0 else b"k%d-%d" % (b, i) for i in range(60)]
@@ -404,6 +513,34 @@ def test_stager_starts_writeback_early_and_syncs_every_file(root, monkeypatch):
     for f in files[:2]:
         with open(os.path.join(stager.dir, f.name), "rb") as fh:
             assert fh.read() == chunk * 4
+
+
+def test_stager_writes_indexes_of_adoptable_files_and_syncs_them(root, monkeypatch):
+    """Files of at least ADOPT_MIN_BYTES get their indexes staged beside them (what adoption
+    would build), smaller ones none; data and index files are all fdatasynced."""
+    monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 1 << 20)
+    synced = []
+    real_sync = os.fdatasync
+    monkeypatch.setattr(staging.os, "fdatasync",
+                        lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+                        or real_sync(fd))
+    stager = staging.Stager(root, "ix", staging.task_tag(), index_interval=lambda t: 4096)
+    chunk = _core.encode_batch([b"x" * 1000] * 300)
+    for _ in range(4):
+        stager.add("t", 0, chunk, 300)
+    stager.add("t", 1, _core.encode_batch([b"small"]), 1)
+    big, small = (os.path.join(stager.dir, f.name) for f in stager.finish())
+    index, timeindex = adopt.staged_index_paths(big)
+    assert sorted(synced) == sorted([big, small, index, timeindex])
+    assert not any(os.path.exists(p) for p in adopt.staged_index_paths(small))
+    with open(big, "rb") as f:
+        batches = _core.scan_batches(f.read()).batches
+    from segstore.segment import sealed_index_entries
+    offs, times = sealed_index_entries(adopt.rebase(batches, 0), 0, 4096)[:2]
+    with open(index, "rb") as f, open(timeindex, "rb") as g:
+        assert (f.read(), g.read()) == (offs.tobytes(), times.tobytes())
+    # One timestamp for every record: its time entry is the final one a roll writes.
+    assert len(offs) == 3 and len(times) == 1
 
 
 def test_start_writeback_on_a_real_file(tmp_path):
@@ -459,7 +596,7 @@ def test_tasks_use_the_planning_topic_info_without_opening_the_store(root, monke
 
     opts = WriteOptions(path=root, topic="t")
     info = writer.check_topic(opts)
-    assert info == TopicInfo(PARTS, info.max_batch_bytes, info.max_message_bytes, 0)
+    assert info == TopicInfo(PARTS, info.max_batch_bytes, info.max_message_bytes, 0, 4096)
     w = writer.SegstoreWriter(opts, InputLayout(value="value", key="key"), info)
 
     def no_open(*a, **k):
