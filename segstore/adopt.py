@@ -19,8 +19,8 @@ files), where writing and syncing two new files at adoption costs two journal co
 Steps for a run of files, under the log's lock (``adopt_hook(step)`` is called after each, for
 crash tests):
 
-1. ``checked``  - each file is scanned (sizes, magic 2, CRCs, ``max.message.bytes``); before
-   the lock, since it does not depend on the log.
+1. ``checked``  - each file is scanned (sizes, magic 2, CRCs unless the caller vouches for the
+   bytes, ``max.message.bytes``); before the lock, since it does not depend on the log.
 2. ``offsets``  - each batch's baseOffset is set so that offsets continue from the log end
    offset, file after file (leader epoch 0, as appends write), producer state validates the
    batches, and each file is fdatasynced (its length did not change, so fdatasync is enough).
@@ -71,13 +71,6 @@ from .segment import (CLEANED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFF
 
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call (fallback)
 
-# Whether adoption checks CRCs. Spark tasks stage batches segstore's own encoder produced, but
-# the files sat on disk between the tasks and the commit, and adopted bytes are never checked
-# again. Measured on the project's machine: the check of a 15.7 MB staged file costs about
-# 0.5 ms of CPU (reading its pages through the map included), under 2% of a commit's CPU, so
-# it stays (docs/spark.md, "Performance").
-VALIDATE_CRC = True
-
 # On Linux a shared map's stores are the file's page cache, which fdatasync writes back; msync
 # (mmap.flush) would add a full fsync of its own. Elsewhere the map is flushed first.
 _MSYNC_BEFORE_SYNC = not sys.platform.startswith("linux")
@@ -93,9 +86,9 @@ def _step(name: str) -> None:
         adopt_hook(name)
 
 
-def _scan(buf, path: str, config) -> np.ndarray:
+def _scan(buf, path: str, config, validate_crc: bool) -> np.ndarray:
     """Batch headers of a whole-batch v2 file, or a typed error."""
-    res = _core.scan_batches(buf, validate_crc=VALIDATE_CRC, strict=True, file=path)
+    res = _core.scan_batches(buf, validate_crc=validate_crc, strict=True, file=path)
     b = res.batches
     if res.torn or res.valid_end != len(buf):
         raise CorruptRecordError(f"{path} ends with an incomplete batch "
@@ -197,7 +190,7 @@ class _Staged:
 
     __slots__ = ("path", "fd", "mm", "size", "dev", "batches", "base")
 
-    def __init__(self, path: str, config):
+    def __init__(self, path: str, config, validate_crc: bool):
         self.path = path
         self.mm: Optional[mmap.mmap] = None
         self.fd = os.open(path, os.O_RDWR)
@@ -207,7 +200,7 @@ class _Staged:
             if self.size == 0:
                 raise InvalidRecordError(f"{path} is empty: nothing to adopt")
             self.mm = mmap.mmap(self.fd, self.size)  # baseOffsets are rewritten through it
-            self.batches = _scan(self.mm, path, config)
+            self.batches = _scan(self.mm, path, config, validate_crc)
         except BaseException:
             self.close()
             raise
@@ -228,14 +221,15 @@ class _Staged:
             self.fd = -1
 
 
-def adopt_files(lg, paths) -> "AppendInfo":
+def adopt_files(lg, paths, validate_crc: bool = True) -> "AppendInfo":
     """Adopt ``paths`` in order into the writable log ``lg`` (see the module docstring); one
-    AppendInfo for them all (their offsets are contiguous)."""
+    AppendInfo for them all (their offsets are contiguous). ``validate_crc=False`` walks the
+    batch headers only: for bytes the caller knows to be the ones it wrote."""
     config = lg.config
     staged = []
     try:
         for path in paths:  # every file is checked before the log changes
-            staged.append(_Staged(path, config))
+            staged.append(_Staged(path, config, validate_crc))
         _step("checked")
         dev = os.stat(lg.directory).st_dev
         infos = []

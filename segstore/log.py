@@ -240,7 +240,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         """
         return self.adopt_segment_files([path])
 
-    def adopt_segment_files(self, paths) -> AppendInfo:
+    def adopt_segment_files(self, paths, *, validate_crc: bool = True) -> AppendInfo:
         """Adopt several files in order, as :meth:`adopt_segment_file` does one, with one
         contiguous range of offsets and one directory fsync for them all.
 
@@ -248,10 +248,13 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         :func:`segstore.adopt.stage_indexes` are renamed in when they hold exactly the entries
         adoption computes. A crash during the call can keep any of the files' segments (each
         whole); callers that need all or nothing keep a manifest, as the Spark commit does.
+        ``validate_crc=False`` checks the batch headers but not the CRCs, for a caller that
+        knows the bytes are the ones it wrote (the Spark commit, for staged files whose size,
+        inode and change time are still what its task recorded).
         """
         self._check_writable()
         from .adopt import adopt_files
-        return adopt_files(self, list(paths))
+        return adopt_files(self, list(paths), validate_crc)
 
     def _log_append_time(self, now: int) -> Optional[int]:
         return now if self.config.message_timestamp_type == "LogAppendTime" else None

@@ -327,6 +327,31 @@ def test_a_staged_file_altered_before_the_commit_is_refused(root, monkeypatch, k
     assert not os.path.exists(os.path.join(staging.job_dir(root, "dmg"), staging.MANIFEST))
 
 
+@pytest.mark.parametrize("touched", [False, True])
+def test_crcs_are_rechecked_only_for_files_changed_since_their_task(root, monkeypatch, touched):
+    """A staged file with its task's fingerprint (inode, size, change time) is adopted after a
+    header walk; one whose fingerprint changed (here only its mode) gets the full CRC check,
+    and a sound file still goes in."""
+    monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
+    from segstore.log import PartitionLog
+
+    calls = []
+    real = PartitionLog.adopt_segment_files
+
+    def spy(self, paths, *, validate_crc=True):
+        calls.append(validate_crc)
+        return real(self, paths, validate_crc=validate_crc)
+
+    monkeypatch.setattr(PartitionLog, "adopt_segment_files", spy)
+    msgs = stage_indexed(root, "fp", "t", {0: 2, 1: 1})
+    if touched:
+        os.chmod(os.path.join(staging.job_dir(root, "fp"), msgs[1].files[0].name), 0o644)
+    with segstore.open(root) as store:
+        staging.publish(store, root, "fp", msgs)
+        assert [store.partition("t", p).log_end_offset for p in range(2)] == [600, 300]
+    assert sorted(calls) == ([False, True] if touched else [False, False])
+
+
 def test_staged_runs_are_adopted_with_their_indexes(root, monkeypatch):
     """Two files of a partition are adopted in one run, their staged indexes renamed in; a
     staged index that is wrong is not used."""
