@@ -32,18 +32,43 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write ``path`` via ``path.tmp``: write, fsync, rename over, fsync the directory."""
+def _temp_path(path: str) -> str:
     tmp = path + ".tmp"
     if len(os.path.basename(tmp)) > 255:  # a long topic name: keep the temp name legal
         import hashlib
         tmp = os.path.join(os.path.dirname(path),
                            "." + hashlib.sha1(path.encode()).hexdigest() + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return tmp
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``path`` via ``path.tmp``: write, fsync, rename over, fsync the directory."""
+    write_atomic_many({path: text})
+
+
+def write_atomic_many(files: Mapping[str, str]) -> None:
+    """:func:`write_atomic` for files of one directory, with one directory fsync: each temp
+    file is written and fsynced, then all are renamed over. After a crash each file is either
+    its old or its new version (not necessarily the same for all)."""
+    renames = []
+    for path, text in files.items():
+        tmp = _temp_path(path)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        renames.append((tmp, path))
+    for tmp, path in renames:
+        os.replace(tmp, path)
+    for directory in {os.path.dirname(os.path.abspath(p)) for p in files}:
+        fsync_dir(directory)
+
+
+def create_marker(path: str) -> None:
+    """Create an empty marker file durably: an empty file has no content to tear, so it is
+    created in place and only its directory is fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.close(fd)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
@@ -55,9 +80,14 @@ class OffsetCheckpointFile:
 
     def write(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Replace the file with these entries (atomic)."""
+        write_atomic(self.path, self.text(offsets))
+
+    @staticmethod
+    def text(offsets: Mapping[TopicPartition, int]) -> str:
+        """The file's contents for these entries."""
         lines = ["0", str(len(offsets))]
         lines += [f"{tp[0]} {tp[1]} {off}" for tp, off in sorted(offsets.items())]
-        write_atomic(self.path, "\n".join(lines) + "\n")
+        return "\n".join(lines) + "\n"
 
     def read(self) -> dict[TopicPartition, int]:
         """The entries; {} when the file is missing or empty. Malformed files raise."""

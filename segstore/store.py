@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Mapping, Optional
 from . import _core
 from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                          RECOVERY_POINT_CHECKPOINT, CheckpointError, OffsetCheckpointFile,
-                         fsync_dir, write_atomic)
+                         create_marker, fsync_dir, write_atomic, write_atomic_many)
 from .config import StoreConfig, TopicConfig
 from .errors import (InvalidTopicError, ReadOnlyStoreError, StoreClosedError, StoreLockedError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
@@ -499,10 +499,13 @@ class LogStore:
         """Write the recovery-point and log-start-offset checkpoint files."""
         self._check_writable()
         logs = dict(self._logs)
-        OffsetCheckpointFile(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT)).write(
-            {tp: lg.recovery_point for tp, lg in logs.items()})
-        OffsetCheckpointFile(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT)).write(
-            {tp: lg.log_start_offset for tp, lg in logs.items()})
+        # Both files share one directory fsync. A crash can leave one old and one new, as it
+        # could when they were written one after the other.
+        write_atomic_many({
+            os.path.join(self.path, RECOVERY_POINT_CHECKPOINT): OffsetCheckpointFile.text(
+                {tp: lg.recovery_point for tp, lg in logs.items()}),
+            os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT): OffsetCheckpointFile.text(
+                {tp: lg.log_start_offset for tp, lg in logs.items()})})
 
     def start_services(self) -> None:
         """Start the background thread that runs :meth:`tick` (flusher, checkpoints, deletes)
@@ -560,7 +563,7 @@ class LogStore:
                     lg.close()
                 self._delete_due(None)
                 self.write_checkpoints()
-                write_atomic(os.path.join(self.path, CLEAN_SHUTDOWN_FILE), "")
+                create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
                 self._release_lock()
             else:
                 for lg in self._logs.values():

@@ -696,6 +696,30 @@ def test_clean_close_writes_marker_and_checkpoints(root, clock):
     assert rp[TopicPartition("a", 0)] == 1
 
 
+def test_close_makes_checkpoints_durable_before_the_marker(root, monkeypatch):
+    """Both checkpoint files are renamed into place and their directory fsynced before the
+    clean-shutdown marker appears (then its directory is fsynced): a crash in between leaves
+    no marker, so the next open recovers instead of trusting half-written checkpoints."""
+    from segstore import checkpoint
+
+    s = segstore.open(root)
+    s.create_topic("t")
+    s.partition("t", 0).append(b"x")
+    events = []
+    real_replace, real_fsync_dir = os.replace, checkpoint.fsync_dir
+    monkeypatch.setattr(checkpoint.os, "replace",
+                        lambda a, b: events.append(("replace", os.path.basename(b)))
+                        or real_replace(a, b))
+    monkeypatch.setattr(checkpoint, "fsync_dir",
+                        lambda d: events.append(("fsync_dir", os.path.exists(
+                            os.path.join(root, MARKER)))) or real_fsync_dir(d))
+    s.close()
+    assert events == [("replace", RP_CKPT), ("replace", LSO_CKPT), ("fsync_dir", False),
+                      ("fsync_dir", True)]
+    with open(os.path.join(root, MARKER), "rb") as f:
+        assert f.read() == b""
+
+
 def test_empty_store_close_writes_empty_checkpoints(root):
     segstore.open(root).close()
     for name in (RP_CKPT, LSO_CKPT):
