@@ -6,16 +6,6 @@ batch's 12-byte baseOffset/leader-epoch field is rewritten (outside the CRC), th
 fdatasynced, it gets its indexes, and it is renamed into the partition directory. The cost is
 O(batches) plus the writeback of the file's dirty pages, which an append pays too.
 
-Staged indexes. Whoever stages a file may write its indexes beside it with
-:func:`stage_indexes` (``<file>.index`` and ``<file>.timeindex``): the entries' offsets are
-relative to the segment's base offset, so they do not depend on where the file lands. Adoption
-computes the entries from the batch headers anyway (in memory, cheap) and renames the staged
-files in only when they hold exactly those bytes; otherwise it writes the indexes itself. Either
-way they hold what a sealed segment's indexes hold: the sparse rule's entries plus the final
-time-index entry. Adoption fdatasyncs staged index files before renaming them in, which costs
-next to nothing when the stager synced them (the Spark task does, in parallel with its data
-files), where writing and syncing two new files at adoption costs two journal commits.
-
 Steps for a run of files, under the log's lock (``adopt_hook(step)`` is called after each, for
 crash tests):
 
@@ -27,8 +17,9 @@ crash tests):
 3. ``sealed``   - the active segment is sealed (final time-index entry, trimmed indexes) and the
    log flushed up to its end, as a roll does; an empty active segment is replaced instead.
 4. ``moved``    - each file is renamed ``<base offset>.log.cleaned`` in the partition directory.
-5. ``indexed``  - each file's ``.index.cleaned`` and ``.timeindex.cleaned``: the staged ones
-   renamed in, or written; synced either way.
+5. ``indexed``  - each file's ``.index.cleaned`` and ``.timeindex.cleaned`` are written from
+   the batch headers (what a sealed segment's hold: the sparse rule's entries and the final
+   time-index entry; the last file's stay preallocated for appends) and fsynced.
 6. ``renamed``  - the ``.cleaned`` suffixes are dropped, file by file (log first), then the
    directory is fsynced, once for the run.
 7. ``published``- the segments join the log's snapshot state, producer state replays their
@@ -50,7 +41,7 @@ append (``truncate_to`` cuts adopted segments too).
 Where adoption does not apply, the file is appended instead (copying, chunk by chunk): when it
 is larger than ``segment.bytes`` or than a segment's 2^31 relative offsets, when the topic stamps
 ``LogAppendTime`` (the CRC must be recomputed), or when the file lives on another filesystem.
-Either way the file and its staged indexes are consumed (renamed or deleted) on success.
+Either way the file is consumed (renamed or deleted) on success.
 """
 
 from __future__ import annotations
@@ -66,16 +57,14 @@ from . import _core
 from .checkpoint import fsync_dir
 from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from .producer_state import has_producer_batches
-from .segment import (CLEANED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET,
-                      TIME_INDEX_SUFFIX, LogSegment, sealed_index_entries, segment_paths)
+from .segment import (CLEANED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment,
+                      sealed_index_entries, segment_paths)
 
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call (fallback)
 
 # On Linux a shared map's stores are the file's page cache, which fdatasync writes back; msync
 # (mmap.flush) would add a full fsync of its own. Elsewhere the map is flushed first.
 _MSYNC_BEFORE_SYNC = not sys.platform.startswith("linux")
-
-STAGED_INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX)  # beside the staged file: <file>.index
 
 # Tests set this to a callable(step) to crash an adoption after a step.
 adopt_hook = None
@@ -116,73 +105,6 @@ def rebase(batches: np.ndarray, base_offset: int) -> np.ndarray:
     out["last_offset"] = new_base + counts - 1
     out["base_offset"] = new_base
     return out
-
-
-def staged_index_paths(path: str) -> tuple:
-    """Where :func:`stage_indexes` puts the indexes of staged file ``path``."""
-    return tuple(path + suffix for suffix in STAGED_INDEX_SUFFIXES)
-
-
-def stage_indexes(path: str, index_interval_bytes: int) -> tuple:
-    """Write the indexes that staged file ``path`` will have as a segment beside it; returns
-    their paths.
-
-    The file's batch headers are scanned (no CRC check: adoption checks), and the entries are
-    what :func:`sealed_index_entries` gives for them rebased to 0 (index offsets are relative
-    to the segment's base offset). Not synced: the caller syncs them with its data files.
-    Adoption uses them only if they hold exactly the entries it computes.
-    """
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-        try:
-            batches = _core.scan_batches(mm, strict=True, file=path).batches
-        finally:
-            if size:
-                mm.close()
-    offs, times = sealed_index_entries(rebase(batches, 0), 0, index_interval_bytes)[:2]
-    paths = staged_index_paths(path)
-    for p, entries in zip(paths, (offs, times)):
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            view = memoryview(entries.tobytes())
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-    return paths
-
-
-def _staged_indexes_match(path: str, built: tuple) -> bool:
-    """Whether both staged index files of ``path`` exist and hold exactly ``built``'s entries."""
-    for p, entries in zip(staged_index_paths(path), built[:2]):
-        expected = entries.tobytes()
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            if os.fstat(fd).st_size != len(expected) or os.pread(fd, len(expected), 0) != expected:
-                return False
-        finally:
-            os.close(fd)
-    return True
-
-
-def _remove_staged_indexes(path: str) -> None:
-    for p in staged_index_paths(path):
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
-
-
-def _fdatasync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Staged:
@@ -308,15 +230,7 @@ def _install(lg, run: list):
         _step("moved")
         for i, (s, seg) in enumerate(zip(run, segs)):
             built = sealed_index_entries(s.batches, s.base, config.index_interval_bytes)
-            in_place = _staged_indexes_match(s.path, built)
-            if in_place:
-                cleaned = segment_paths(lg.directory, s.base, CLEANED_SUFFIX)
-                for staged, suffix in zip(staged_index_paths(s.path), STAGED_INDEX_SUFFIXES):
-                    _fdatasync_path(staged)
-                    os.rename(staged, cleaned[suffix])
-            else:
-                _remove_staged_indexes(s.path)
-            seg.adopt_indexes(s.batches, built, in_place, active=i == len(run) - 1)
+            seg.adopt_indexes(s.batches, built, active=i == len(run) - 1)
         _step("indexed")
     except BaseException:
         for s, seg in zip(run, segs):
@@ -398,5 +312,4 @@ def _append_instead(lg, s: _Staged):
             max_ts = max(max_ts, info.max_timestamp)
             start = end
     os.unlink(s.path)
-    _remove_staged_indexes(s.path)
     return AppendInfo(first, last, max_ts, records, s.size)

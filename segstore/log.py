@@ -244,10 +244,9 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         """Adopt several files in order, as :meth:`adopt_segment_file` does one, with one
         contiguous range of offsets and one directory fsync for them all.
 
-        Every file is checked before the log changes. Index files staged beside a file by
-        :func:`segstore.adopt.stage_indexes` are renamed in when they hold exactly the entries
-        adoption computes. A crash during the call can keep any of the files' segments (each
-        whole); callers that need all or nothing keep a manifest, as the Spark commit does.
+        Every file is checked before the log changes. A crash during the call can keep any of
+        the files' segments (each whole); callers that need all or nothing keep a manifest, as
+        the Spark commit does.
         ``validate_crc=False`` checks the batch headers but not the CRCs, for a caller that
         knows the bytes are the ones it wrote (the Spark commit, for staged files whose size,
         inode and change time are still what its task recorded).

@@ -450,31 +450,19 @@ class LogSegment:
         if len(batches):
             self.rolling_based_timestamp = int(batches["max_timestamp"][0])
 
-    def adopt_indexes(self, batches: np.ndarray, built: tuple, in_place: bool,
-                      active: bool) -> None:
-        """Index a segment that holds exactly ``batches``, whose sealed entries are ``built``
-        (:func:`sealed_index_entries`). ``in_place``: its index files already hold exactly
-        those entries, synced (an adoption renamed staged ones in); otherwise they are written
-        and fsynced here. The files end preallocated when the segment stays ``active``
-        (appends follow), trimmed otherwise, as a roll leaves them."""
-        self._check_indexes_on_load = False  # checked against ``built``, or written from it
-        offs, times = built[0], built[1]
-        if not in_place:
-            self._write_index_entries(offs, times)
-        elif active:
-            # Files exactly as long as their entries (a trimmed index): room for appends. An
-            # unsynced length change is harmless: zero padding fails the load-time check.
-            self.offset_index.resize(self.config.segment_index_bytes)
-            self.time_index.resize(self.config.segment_index_bytes)
-        else:
-            self._load_indexes()
+    def adopt_indexes(self, batches: np.ndarray, built: tuple, active: bool) -> None:
+        """Index a segment that holds exactly ``batches`` with ``built``
+        (:func:`sealed_index_entries`: the entries of a sealed segment) and fsync the files.
+        They end preallocated when the segment stays ``active`` (appends follow), trimmed
+        otherwise, as a roll leaves them."""
+        self._check_indexes_on_load = False  # written from ``built``
+        self._write_index_entries(built[0], built[1])
         self._set_index_state(batches, built)
-        if not in_place:
-            if not active:
-                self.offset_index.trim_to_valid_size()
-                self.time_index.trim_to_valid_size()
-            self.offset_index.flush()
-            self.time_index.flush()
+        if not active:
+            self.offset_index.trim_to_valid_size()
+            self.time_index.trim_to_valid_size()
+        self.offset_index.flush()
+        self.time_index.flush()
 
     # -- rolling ----------------------------------------------------------------------------
     def should_roll(self, incoming_bytes: int, incoming_max_ts: int, incoming_last_offset: int,

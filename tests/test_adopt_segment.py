@@ -22,7 +22,6 @@ from segstore import _core, adopt
 from segstore.checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
 from segstore.columns import BinaryColumn
 from segstore.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
-from segstore.segment import sealed_index_entries
 
 T0 = 1_700_000_000_000
 STEPS = ("checked", "offsets", "sealed", "moved", "indexed", "renamed", "published")
@@ -281,23 +280,16 @@ def test_producer_state_and_aborted_transactions(tmp_path, oracle):
     store.close()
 
 
-def stage_files(root, n_files, *, indexed=False, interval=4096):
-    """``n_files`` staged files of 100 records each (numbered on), optionally with staged
-    indexes; their paths."""
-    paths = []
-    for i in range(n_files):
-        path = stage(root, encode(100, 100 * i), f"{i}.stage")
-        if indexed:
-            adopt.stage_indexes(path, interval)
-        paths.append(path)
-    return paths
+def stage_files(root, n_files):
+    """``n_files`` staged files of 100 records each (numbered on); their paths."""
+    return [stage(root, encode(100, 100 * i), f"{i}.stage") for i in range(n_files)]
 
 
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("active_empty", [False, True])
-@pytest.mark.parametrize("n_files,indexed", [(1, False), (2, False), (2, True)])
+@pytest.mark.parametrize("n_files", [1, 2])
 def test_error_at_each_step_leaves_a_consistent_log(tmp_path, monkeypatch, step, active_empty,
-                                                    n_files, indexed):
+                                                    n_files):
     root = str(tmp_path / "s")
     store = open_store(root)
     lg = store.partition("t", 0)
@@ -305,7 +297,7 @@ def test_error_at_each_step_leaves_a_consistent_log(tmp_path, monkeypatch, step,
         lg.append(b"a")
     before = records(lg)
     n0 = lg.log_end_offset
-    paths = stage_files(root, n_files, indexed=indexed)
+    paths = stage_files(root, n_files)
 
     def hook(name):
         if name == step:
@@ -334,9 +326,9 @@ def test_error_at_each_step_leaves_a_consistent_log(tmp_path, monkeypatch, step,
 
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("active_empty", [False, True])
-@pytest.mark.parametrize("n_files,indexed", [(1, False), (2, False), (2, True)])
+@pytest.mark.parametrize("n_files", [1, 2])
 def test_crash_at_each_step_leaves_nothing_or_a_whole_segment(tmp_path, monkeypatch, step,
-                                                              active_empty, n_files, indexed):
+                                                              active_empty, n_files):
     """The store directory as it is on disk right after ``step`` (a copy taken then), opened
     after an unclean shutdown."""
     root = str(tmp_path / "s")
@@ -347,7 +339,7 @@ def test_crash_at_each_step_leaves_nothing_or_a_whole_segment(tmp_path, monkeypa
         lg.append_batch([b"a", b"b"])
     before = records(lg)
     n0 = lg.log_end_offset
-    paths = stage_files(root, n_files, indexed=indexed)
+    paths = stage_files(root, n_files)
 
     def hook(name):
         if name == step:
@@ -383,8 +375,8 @@ def index_files(lg) -> dict:
 
 
 def test_several_files_in_one_call_match_one_at_a_time(tmp_path, oracle):
-    """One call adopts three files (two with staged indexes, renamed in): the same segments,
-    index bytes and records as three single adoptions, which build their indexes."""
+    """One call adopts three files: the same segments, index bytes and records as three single
+    adoptions; sealed segments' indexes are trimmed, the last (active) one's preallocated."""
     datas = [encode(300), encode(200, 300), encode(50, 500)]
     logs = {}
     for mode in ("one_call", "singles"):
@@ -394,24 +386,16 @@ def test_several_files_in_one_call_match_one_at_a_time(tmp_path, oracle):
         lg.append_batch([b"first"], [b"k"], timestamps_ms=[T0 - 5])
         paths = [stage(root, d, f"{i}.stage") for i, d in enumerate(datas)]
         if mode == "one_call":
-            inodes = []
-            for path in paths[:2]:
-                adopt.stage_indexes(path, 1024)
-                inodes.append([os.stat(p).st_ino for p in adopt.staged_index_paths(path)])
             info = lg.adopt_segment_files(paths)
             assert (info.first_offset, info.last_offset, info.num_records, info.size_bytes) == \
                 (1, 550, 550, sum(map(len, datas)))
             assert info.max_timestamp == T0 + 549
-            for seg, ino in zip(lg.segments[1:3], inodes):  # the staged files, renamed in
-                assert [os.stat(p).st_ino for p in seg._index_paths] == ino
-            # Sealed segments' indexes are trimmed; the active one's are preallocated.
             assert [s.offset_index.file_size == s.offset_index.size_bytes
                     for s in lg.segments[1:]] == [True, True, False]
         else:
             for path in paths:
                 lg.adopt_segment_file(path)
-        assert not any(os.path.exists(p) for path in paths
-                       for p in (path, *adopt.staged_index_paths(path)))
+        assert not any(os.path.exists(path) for path in paths)
         assert [s.base_offset for s in lg.segments] == [0, 1, 301, 501]
         assert lg.log_end_offset == 551 and lg.verify() == []
         logs[mode] = (store, lg)
@@ -429,38 +413,6 @@ def test_several_files_in_one_call_match_one_at_a_time(tmp_path, oracle):
     store = crash_reopen(str(tmp_path / "one_call"))
     lg = store.partition("t", 0)
     assert lg.verify() == [] and lg.log_end_offset == 552
-    store.close()
-
-
-@pytest.mark.parametrize("damage", ["interval", "flipped", "missing", "longer"])
-def test_staged_indexes_that_do_not_match_are_not_used(tmp_path, damage):
-    """Staged index files that differ from what adoption computes (another index interval,
-    damage, one missing, extra bytes) are dropped and the indexes built instead."""
-    root = str(tmp_path / "s")
-    store = open_store(root, index_interval_bytes=1024)
-    lg = store.partition("t", 0)
-    path = stage(root, encode(400, per_batch=25))
-    index, timeindex = adopt.stage_indexes(path, 512 if damage == "interval" else 1024)
-    if damage == "flipped":
-        with open(index, "r+b") as f:
-            f.seek(5)
-            b = f.read(1)
-            f.seek(5)
-            f.write(bytes([b[0] ^ 1]))
-    elif damage == "missing":
-        os.unlink(timeindex)
-    elif damage == "longer":
-        with open(timeindex, "ab") as f:
-            f.write(b"\0" * 12)
-    lg.adopt_segment_file(path)
-    seg = lg.segments[-1]
-    assert not any(os.path.exists(p) for p in (index, timeindex))
-    # The entries are right, where the staged files' were not (or were missing).
-    offs, times = sealed_index_entries(seg.read_batch_headers()[1], 0, 1024)[:2]
-    assert seg.offset_index.entries == len(offs) > 3
-    assert seg.offset_index.entries_array().tobytes() == offs.tobytes()
-    assert seg.time_index.entries_array().tobytes() == times.tobytes()
-    assert lg.verify() == []
     store.close()
 
 

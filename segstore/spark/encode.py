@@ -42,12 +42,10 @@ class TopicInfo:
     max_batch_bytes: int
     max_message_bytes: int
     codec: int
-    index_interval_bytes: int  # for the indexes staged beside adoptable files
 
 
 def topic_info(store, topic: str) -> TopicInfo:
-    """A topic's partition count, batch size limits, codec and index interval, from a
-    (read-only) store."""
+    """A topic's partition count, batch size limit and codec, from a (read-only) store."""
     if topic not in store.list_topics():
         raise UnknownTopicOrPartitionError(
             f"topic {topic!r} does not exist in {store.path}; create it first, e.g. "
@@ -59,8 +57,7 @@ def topic_info(store, topic: str) -> TopicInfo:
 
     return TopicInfo(partitions=len(store.partitions_for(topic)),
                      max_batch_bytes=min(cfg.max_message_bytes, cfg.segment_bytes),
-                     max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec),
-                     index_interval_bytes=cfg.index_interval_bytes)
+                     max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec))
 
 
 def binary_column(arr) -> BinaryColumn:

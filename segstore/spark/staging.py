@@ -1,17 +1,16 @@
 """Exactly-once publishing of Spark writes (design §1.9): stage in tasks, adopt at commit.
 
 Tasks write encoded v2 batches to ``<root>/.staging/<job>/`` (one file per task and target
-partition), write the indexes of files large enough to be adopted beside them
-(:func:`segstore.adopt.stage_indexes`), sync everything, and report the files in a
+partition), sync them, and report them (with each file's fingerprint) in a
 :class:`StagedCommitMessage`. The driver-side commit, holding the store's writer lock, then:
 
 1. finishes any commit a dead process left behind (see :func:`recover`);
 2. writes ``_manifest.json`` naming every partition's log end offset before the commit;
 3. adopts each run of staged files of at least ``ADOPT_MIN_BYTES`` as new segments with one
-   ``PartitionLog.adopt_segment_files`` call (which checks the CRCs, rewrites base offsets in
-   place, outside the CRC, renames the task's indexes in when they are exact, and renames the
-   files into the partition: no byte is copied), appends smaller files with
-   ``append_records``, and flushes the partitions;
+   ``PartitionLog.adopt_segment_files`` call (which checks the batches, rewrites base offsets
+   in place, outside the CRC, builds the indexes and renames the files into the partition: no
+   byte is copied), appends smaller files with ``append_records``, and flushes the
+   partitions;
 4. for a stream, records the batch id in the query's :class:`~.ledger.CommitLedger`;
 5. removes the manifest and the staging files.
 
@@ -35,12 +34,11 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 from pyspark.sql.datasource import WriterCommitMessage
 
 from .. import _core
-from ..adopt import stage_indexes, staged_index_paths
 from ..checkpoint import write_atomic
 from ..errors import CorruptRecordError, SegstoreError
 from ..records import TopicPartition
@@ -54,7 +52,6 @@ ABORTED = ".aborted"  # <job>.aborted beside the job dirs: a straggling task mus
 STALE_SECONDS = 24 * 3600  # staging untouched this long, by a job without a manifest, is garbage
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call
 MAX_APPEND_THREADS = 8
-MAX_SYNC_THREADS = 16  # a task's concurrent fdatasyncs (data and index files)
 # Staged files at least this large become segments (adopted); smaller ones are appended. Below
 # it a copy costs about what adoption's fixed work (fsyncs, index files) does, and adopting
 # would leave one small segment per file (docs/spark.md, "Performance").
@@ -142,42 +139,16 @@ class _StagingFile:
         self.records = self.size = self.synced = 0
 
 
-def _sync_all(fds: list, paths: list) -> None:
-    """fdatasync descriptors ``fds`` and files ``paths`` at once, on threads: concurrent syncs
-    of new files share journal commits, where one after the other each waits for its own."""
-    def sync_path(path):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-    jobs = [(os.fdatasync, fd) for fd in fds] + [(sync_path, p) for p in paths]
-    if len(jobs) <= 1:
-        for fn, arg in jobs:
-            fn(arg)
-        return
-    with ThreadPoolExecutor(min(len(jobs), MAX_SYNC_THREADS),
-                            thread_name_prefix="segstore-stage") as pool:
-        for f in [pool.submit(fn, arg) for fn, arg in jobs]:  # fdatasync releases the GIL
-            f.result()
-
-
 class Stager:
     """Task side: appends encoded batches to one staging file per target partition.
 
     Every MiB written starts that range's writeback at once, so the disk writes while the task
     encodes the next batches, and the fdatasync of :meth:`finish` has little left to wait for.
-    ``index_interval(topic)`` (the topic's ``index.interval.bytes``), when given, lets
-    :meth:`finish` write the indexes of every file large enough to be adopted beside it, so
-    the commit renames them in instead of building and syncing them
-    (:func:`segstore.adopt.stage_indexes`).
     """
 
-    def __init__(self, root: str, job: str, task: str,
-                 index_interval: Optional[Callable[[str], int]] = None):
+    def __init__(self, root: str, job: str, task: str):
         self.dir = job_dir(root, job)
         self.task = task
-        self.index_interval = index_interval
         self._open: dict = {}  # (topic, partition) -> _StagingFile
 
     def add(self, topic: str, partition: int, data, records: int) -> None:
@@ -206,18 +177,19 @@ class Stager:
             entry.synced = entry.size
 
     def finish(self) -> tuple:
-        """Write the indexes of adoptable files, write every file through to disk and close
-        it; the StagedFile list for the commit message. The commit syncs again before
-        publishing; syncing here moves the writeback out of the driver's serial commit into
-        the tasks, which run in parallel."""
+        """Write every file through to disk and close it; the StagedFile list for the commit
+        message. The commit fsyncs again before publishing; syncing here moves the writeback
+        out of the driver's serial commit into the tasks, which run in parallel."""
         entries = sorted(self._open.items())
-        index_paths = []
-        if self.index_interval is not None:
-            for (topic, _), e in entries:
-                if e.size >= ADOPT_MIN_BYTES:
-                    index_paths += stage_indexes(os.path.join(self.dir, e.name),
-                                                 self.index_interval(topic))
-        _sync_all([e.fd for _, e in entries], index_paths)
+        fds = [e.fd for _, e in entries]
+        if len(fds) > 1 and _sync_file_range is None:
+            # No writeback was started: each fdatasync writes a whole file, so they overlap.
+            with ThreadPoolExecutor(min(len(fds), MAX_APPEND_THREADS),
+                                    thread_name_prefix="segstore-stage") as pool:
+                list(pool.map(os.fdatasync, fds))  # fdatasync releases the GIL
+        else:
+            for fd in fds:  # mostly written back already: each call waits for a little
+                os.fdatasync(fd)
         files = []
         for (topic, partition), e in entries:
             fd, e.fd = e.fd, -1
@@ -235,12 +207,10 @@ class Stager:
             if e.fd >= 0:
                 fd, e.fd = e.fd, -1
                 os.close(fd)
-            path = os.path.join(self.dir, e.name)
-            for p in (path, *staged_index_paths(path)):
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
+            try:
+                os.unlink(os.path.join(self.dir, e.name))
+            except FileNotFoundError:
+                pass
         self._open.clear()
 
 

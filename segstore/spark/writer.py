@@ -84,6 +84,7 @@ def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches,
     (read-only, which reads every partition's metadata) only for other topics.
     """
     tag = task_tag()
+    stager = Stager(opts.path, job, tag)
     infos: dict = {}
     store = None
 
@@ -100,7 +101,6 @@ def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches,
             infos[topic] = topic_info(store, topic)
         return infos[topic]
 
-    stager = Stager(opts.path, job, tag, index_interval=lambda t: info(t).index_interval_bytes)
     try:
         from pyspark import TaskContext
 

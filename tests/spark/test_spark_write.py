@@ -14,7 +14,7 @@ from kafka.partitioner.default import murmur2
 from pyspark.sql import functions as F
 
 import segstore
-from segstore import _core, adopt
+from segstore import _core
 from segstore.errors import CorruptRecordError
 from segstore.spark import staging
 from segstore.spark.encode import BatchRouter, InputLayout, TopicInfo
@@ -275,13 +275,13 @@ def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch,
     assert not os.path.exists(staging.job_dir(root, "dead"))
 
 
-def stage_indexed(root, job, topic, files_per_partition, n=300):
-    """One task staging ``files_per_partition`` {partition: count} files, each written by a
-    Stager of its own (so a partition gets several files in one commit), with staged indexes."""
+def stage_files(root, job, topic, files_per_partition, n=300):
+    """Tasks staging ``files_per_partition`` {partition: count} files, each written by a
+    Stager of its own (so a partition gets several files in one commit)."""
     msgs = []
     for partition, count in files_per_partition.items():
         for i in range(count):
-            stager = staging.Stager(root, job, staging.task_tag(), index_interval=lambda t: 4096)
+            stager = staging.Stager(root, job, staging.task_tag())
             values = [(b"p%d-f%d-%d" % (partition, i, k)).ljust(100, b".") for k in range(n)]
             for start in range(0, n, 100):
                 chunk = values[start:start + 100]
@@ -312,10 +312,7 @@ def test_a_staged_file_altered_before_the_commit_is_refused(root, monkeypatch, k
     """Damage between task and commit to a file that would be adopted (the second of a run of
     two) raises a typed error; no partition changes, whichever were published first."""
     monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
-    msgs = stage_indexed(root, "dmg", "t", {0: 1, 1: 2, 2: 1})
-    assert all(os.path.exists(p) for m in msgs for f in m.files
-               for p in adopt.staged_index_paths(os.path.join(staging.job_dir(root, "dmg"),
-                                                              f.name)))
+    msgs = stage_files(root, "dmg", "t", {0: 1, 1: 2, 2: 1})
     victim = [f for m in msgs for f in m.files if f.partition == 1][1]
     damage(os.path.join(staging.job_dir(root, "dmg"), victim.name), kind)
     with segstore.open(root) as store:
@@ -343,7 +340,7 @@ def test_crcs_are_rechecked_only_for_files_changed_since_their_task(root, monkey
         return real(self, paths, validate_crc=validate_crc)
 
     monkeypatch.setattr(PartitionLog, "adopt_segment_files", spy)
-    msgs = stage_indexed(root, "fp", "t", {0: 2, 1: 1})
+    msgs = stage_files(root, "fp", "t", {0: 2, 1: 1})
     if touched:
         os.chmod(os.path.join(staging.job_dir(root, "fp"), msgs[1].files[0].name), 0o644)
     with segstore.open(root) as store:
@@ -352,16 +349,17 @@ def test_crcs_are_rechecked_only_for_files_changed_since_their_task(root, monkey
     assert sorted(calls) == ([False, True] if touched else [False, False])
 
 
-def test_staged_runs_are_adopted_with_their_indexes(root, monkeypatch):
-    """Two files of a partition are adopted in one run, their staged indexes renamed in; a
-    staged index that is wrong is not used."""
+def test_a_partitions_files_are_adopted_as_one_run(root, monkeypatch):
+    """Two files of a partition are adopted in one call, one segment each, in message order."""
     monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
-    msgs = stage_indexed(root, "run", "t", {0: 2, 1: 1})
-    jdir = staging.job_dir(root, "run")
-    inodes = [os.stat(os.path.join(jdir, m.files[0].name) + ".index").st_ino for m in msgs[:2]]
-    bad = os.path.join(jdir, msgs[2].files[0].name) + ".index"
-    with open(bad, "r+b") as f:
-        f.write(b"\xff")  # the first entry's relative offset, now negative
+    from segstore.log import PartitionLog
+
+    calls = []
+    real = PartitionLog.adopt_segment_files
+    monkeypatch.setattr(PartitionLog, "adopt_segment_files",
+                        lambda self, paths, **kw: calls.append(len(paths)) or
+                        real(self, paths, **kw))
+    msgs = stage_files(root, "run", "t", {0: 2, 1: 1})
     with segstore.open(root) as store:
         done = staging.publish(store, root, "run", msgs)
         assert {tp.partition: rng for tp, rng in done.items()} == {0: (0, 600), 1: (0, 300)}
@@ -369,10 +367,7 @@ def test_staged_runs_are_adopted_with_their_indexes(root, monkeypatch):
             lg = store.partition("t", p)
             assert len(lg.segments) == n_segs and lg.verify() == []
             assert all(s.offset_index.entries > 0 for s in lg.segments)
-        # Partition 0's staged indexes were renamed in, not rebuilt.
-        assert [os.stat(s._index_paths[0]).st_ino for s in store.partition("t", 0).segments] \
-            == inodes
-        assert store.partition("t", 1).segments[0].offset_index.entry(0)[0] > 0
+    assert sorted(calls) == [1, 2]
     got = records(root, "t")
     assert [v for p, _, v, _ in got if p == 0] == \
         [(b"p0-f%d-%d" % (i, k)).ljust(100, b".") for i in range(2) for k in range(300)]
@@ -384,7 +379,7 @@ def test_a_commit_that_died_with_a_lost_rename_is_rolled_back(root, monkeypatch)
     first's (renames are not ordered until then): the next commit still rolls the partition
     back to its manifest offset."""
     monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
-    msgs = stage_indexed(root, "dead", "t", {0: 2})
+    msgs = stage_files(root, "dead", "t", {0: 2})
     with segstore.open(root) as store:
         staging.publish(store, root, "dead", msgs)
         lg = store.partition("t", 0)
@@ -434,7 +429,7 @@ def test_router_groups_rows_by_partition(root):
     batch = pa.record_batch({"key": pa.array([b"a", b"b", None, b"a"]),
                              "value": pa.array(["1", "2", "3", "4"])})
     router = BatchRouter(InputLayout(value="value", key="key"), "t",
-                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0, 4096))
+                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0))
     out = list(router.route(batch))
     assert sum(n for *_, n in out) == 4
     by_partition = {}
@@ -470,7 +465,7 @@ def test_router_matches_a_plain_model_across_topics_and_partitions(root, with_he
     router = BatchRouter(
         InputLayout(value="value", key="key", topic="topic", partition="partition",
                     headers="headers" if with_headers else None), None,
-        lambda t: TopicInfo(counts[t], 1 << 20, 1 << 20, 0, 4096), sticky_seed=0)
+        lambda t: TopicInfo(counts[t], 1 << 20, 1 << 20, 0), sticky_seed=0)
     got = {}
     for topic, p, data, count in router.route(pa.record_batch(cols)):
         recs = _core.decode_records(data)
@@ -492,7 +487,7 @@ def test_router_single_topic_keys_and_sticky_null_keys_across_batches(root):
     import pyarrow as pa
 
     router = BatchRouter(InputLayout(value="value", key="key"), "t",
-                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0, 4096), sticky_seed=7)
+                         lambda t: TopicInfo(PARTS, 1 << 20, 1 << 20, 0), sticky_seed=7)
     null_parts = []
     for b in range(3):
         keys = [None if i % 3 == 0 else b"k%d-%d" % (b, i) for i in range(60)]
@@ -538,34 +533,6 @@ def test_stager_starts_writeback_early_and_syncs_every_file(root, monkeypatch):
     for f in files[:2]:
         with open(os.path.join(stager.dir, f.name), "rb") as fh:
             assert fh.read() == chunk * 4
-
-
-def test_stager_writes_indexes_of_adoptable_files_and_syncs_them(root, monkeypatch):
-    """Files of at least ADOPT_MIN_BYTES get their indexes staged beside them (what adoption
-    would build), smaller ones none; data and index files are all fdatasynced."""
-    monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 1 << 20)
-    synced = []
-    real_sync = os.fdatasync
-    monkeypatch.setattr(staging.os, "fdatasync",
-                        lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-                        or real_sync(fd))
-    stager = staging.Stager(root, "ix", staging.task_tag(), index_interval=lambda t: 4096)
-    chunk = _core.encode_batch([b"x" * 1000] * 300)
-    for _ in range(4):
-        stager.add("t", 0, chunk, 300)
-    stager.add("t", 1, _core.encode_batch([b"small"]), 1)
-    big, small = (os.path.join(stager.dir, f.name) for f in stager.finish())
-    index, timeindex = adopt.staged_index_paths(big)
-    assert sorted(synced) == sorted([big, small, index, timeindex])
-    assert not any(os.path.exists(p) for p in adopt.staged_index_paths(small))
-    with open(big, "rb") as f:
-        batches = _core.scan_batches(f.read()).batches
-    from segstore.segment import sealed_index_entries
-    offs, times = sealed_index_entries(adopt.rebase(batches, 0), 0, 4096)[:2]
-    with open(index, "rb") as f, open(timeindex, "rb") as g:
-        assert (f.read(), g.read()) == (offs.tobytes(), times.tobytes())
-    # One timestamp for every record: its time entry is the final one a roll writes.
-    assert len(offs) == 3 and len(times) == 1
 
 
 def test_start_writeback_on_a_real_file(tmp_path):
@@ -621,7 +588,7 @@ def test_tasks_use_the_planning_topic_info_without_opening_the_store(root, monke
 
     opts = WriteOptions(path=root, topic="t")
     info = writer.check_topic(opts)
-    assert info == TopicInfo(PARTS, info.max_batch_bytes, info.max_message_bytes, 0, 4096)
+    assert info == TopicInfo(PARTS, info.max_batch_bytes, info.max_message_bytes, 0)
     w = writer.SegstoreWriter(opts, InputLayout(value="value", key="key"), info)
 
     def no_open(*a, **k):
