@@ -180,13 +180,13 @@ cdef inline int read_varint_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t e
     cdef uint32_t v
     cdef int32_t value
     cdef int st
-    if q + 1 < end:
+    if q < end:
         byte = b[q]
         if byte < 0x80:
             pos[0] = q + 1
             out[0] = <int32_t>((byte >> 1) ^ (0 - (byte & 1)))
             return ST_OK
-        if b[q + 1] < 0x80:
+        if q + 1 < end and b[q + 1] < 0x80:
             v = (byte & 0x7F) | (<uint32_t>b[q + 1] << 7)
             pos[0] = q + 2
             out[0] = <int32_t>((v >> 1) ^ (0 - (v & 1)))
@@ -204,13 +204,13 @@ cdef inline int read_varlong_fast(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t 
     cdef uint64_t v
     cdef int64_t value
     cdef int st
-    if q + 1 < end:
+    if q < end:
         byte = b[q]
         if byte < 0x80:
             pos[0] = q + 1
             out[0] = <int64_t>((byte >> 1) ^ (0 - (byte & 1)))
             return ST_OK
-        if b[q + 1] < 0x80:
+        if q + 1 < end and b[q + 1] < 0x80:
             v = (byte & 0x7F) | (<uint64_t>b[q + 1] << 7)
             pos[0] = q + 2
             out[0] = <int64_t>((v >> 1) ^ (0 - (v & 1)))
