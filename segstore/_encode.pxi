@@ -340,6 +340,10 @@ cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, int64_t kd_len, con
     return ST_OK
 
 
+cdef enum:
+    GATHER_AHEAD = 8   # rows: about the memory latency of one row's write
+
+
 cdef int _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, const uint8_t* kv,
                         int64_t kd_len, const uint8_t* vd, const int64_t* vo, const uint8_t* vv,
                         int64_t vd_len, const int64_t* ts, bint ts_scalar, const int64_t* order,
@@ -380,6 +384,16 @@ cdef int _write_columns(uint8_t* out, const uint8_t* kd, const int64_t* ko, cons
         p = out + pos + V2_HEADER_C
         batch_end = out + positions[b + 1]
         for i in range(starts[b], starts[b + 1]):
+            if order != NULL and i + GATHER_AHEAD < starts[b1]:
+                # A gather visits rows out of turn, which the hardware's stream prefetch
+                # does not follow: fetch a later row's key and value while this one is written.
+                s = order[i + GATHER_AHEAD]
+                if 0 <= s < n_src and _span_ok(vo, s, vd_len):
+                    SEGSTORE_PREFETCH(vd + vo[s])
+                    if vo[s + 1] - vo[s] > 64:
+                        SEGSTORE_PREFETCH(vd + vo[s] + 64)
+                    if ko != NULL and _span_ok(ko, s, kd_len):
+                        SEGSTORE_PREFETCH(kd + ko[s])
             s = i if order == NULL else order[i]
             if (s < 0 or s >= n_src or not _span_ok(vo, s, vd_len)
                     or (ko != NULL and not _span_ok(ko, s, kd_len))):
