@@ -30,7 +30,7 @@ from .segment_checks import (MAX_RELATIVE_OFFSET, Problem, consistent_prefix,
                              verify_segment)
 from .segment_files import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
                             SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix,
-                            replace_suffix, segment_paths)
+                            read_map, replace_suffix, segment_paths)
 from .transaction_index import AbortedTxn, TransactionIndex
 
 __all__ = ["LogSegment", "sealed_index_entries", "Problem", "MAX_RELATIVE_OFFSET", "first_offsets", "consistent_prefix",
@@ -221,8 +221,7 @@ class LogSegment:
                         raise CorruptRecordError(
                             f"segment shorter ({length} bytes) than expected ({need})",
                             file=self.log_path)
-                    mm = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ)
-                    self._mm = mm
+                    mm = self._mm = read_map(self._fd, length)
         return mm
 
     def scan(self, start: int = 0, end: Optional[int] = None, *, validate_crc: bool = False,
