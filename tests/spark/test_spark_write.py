@@ -509,30 +509,64 @@ def test_router_single_topic_keys_and_sticky_null_keys_across_batches(root):
 
 # -- staging files ----------------------------------------------------------------------------
 
-def test_stager_starts_writeback_early_and_syncs_every_file(root, monkeypatch):
-    """Each MiB staged starts its writeback at once; finish() fdatasyncs every file, and the
-    files hold exactly the bytes staged."""
-    started, synced = [], []
+def test_stager_coalesces_writes_starts_writeback_and_syncs_every_file(root, monkeypatch):
+    """A partition's batches go out COALESCE_BYTES at a time in one writev, each write starts
+    its range's writeback at once, finish() writes the rest, starts every file's writeback and
+    then fdatasyncs every file, and the files hold exactly the bytes staged, in order."""
+    started, synced, writes = [], [], []
     monkeypatch.setattr(staging, "start_writeback",
                         lambda fd, off, n: started.append((fd, off, n)) or True)
-    real_sync = os.fdatasync
+    real_sync, real_writev = os.fdatasync, os.writev
     monkeypatch.setattr(staging.os, "fdatasync", lambda fd: synced.append(fd) or real_sync(fd))
+    monkeypatch.setattr(staging.os, "writev",
+                        lambda fd, bufs: writes.append((fd, len(bufs))) or real_writev(fd, bufs))
     stager = staging.Stager(root, "wb", staging.task_tag())
-    chunk = _core.encode_batch([b"x" * 1000] * 300)  # about 300 kB
-    for i in range(8):
-        stager.add("t", i % 2, chunk, 300)
-    stager.add("t", 3, _core.encode_batch([b"small"]), 1)
+    chunks = [_core.encode_batch([bytes([65 + i]) * 1000] * 300) for i in range(16)]  # ~300 kB
+    size = len(chunks[0])
+    per_write = -(-staging.COALESCE_BYTES // size)  # chunks gathered before the first write
+    assert all(len(c) == size for c in chunks) and per_write < 16
+    for c in chunks:
+        for p in (0, 1):
+            stager.add("t", p, c, 300)
+    small = _core.encode_batch([b"small"])
+    stager.add("t", 3, small, 1)
     fds = {p: e.fd for (_, p), e in stager._open.items()}
+    assert writes == [(fds[0], per_write), (fds[1], per_write)]  # nothing else written yet
     files = stager.finish()
     assert sorted(synced) == sorted(fds.values())  # every file, whatever its size
-    per_file = 4 * len(chunk)
-    assert [(fd, off) for fd, off, _ in started] == [(fds[0], 0), (fds[1], 0)]
-    assert all(n == per_file for *_, n in started) and per_file >= staging.WRITEBACK_BYTES
+    assert writes[2:] == [(fds[0], 16 - per_write), (fds[1], 16 - per_write), (fds[3], 1)]
+    first, rest = per_write * size, (16 - per_write) * size
+    # One writeback per coalesced write, then finish() starts every file's rest before syncing.
+    assert started == [(fds[0], 0, first), (fds[1], 0, first), (fds[0], first, rest),
+                       (fds[1], first, rest), (fds[3], 0, len(small))]
+    assert first >= staging.WRITEBACK_BYTES
     assert [(f.partition, f.records, f.size) for f in files] == [
-        (0, 1200, per_file), (1, 1200, per_file), (3, 1, len(_core.encode_batch([b"small"])))]
+        (0, 4800, 16 * size), (1, 4800, 16 * size), (3, 1, len(small))]
     for f in files[:2]:
         with open(os.path.join(stager.dir, f.name), "rb") as fh:
-            assert fh.read() == chunk * 4
+            assert fh.read() == b"".join(chunks)
+
+
+def test_stager_survives_short_writes_and_caps_each_writev(root, monkeypatch):
+    """Short writev returns are continued where they stopped, and no call gets more than
+    MAX_IOVECS buffers (the kernel's IOV_MAX is 1024)."""
+    counts = []
+
+    def short_writev(fd, bufs):
+        counts.append(len(bufs))
+        data = b"".join(bytes(b) for b in bufs)
+        return os.write(fd, data[:7777])  # at most 7,777 bytes per call
+
+    monkeypatch.setattr(staging.os, "writev", short_writev)
+    stager = staging.Stager(root, "short", staging.task_tag())
+    batches = [_core.encode_batch([b"v%d" % i]) for i in range(1200)]
+    for b in batches:
+        stager.add("t", 0, b, 1)
+    (f,) = stager.finish()
+    assert max(counts) <= staging.MAX_IOVECS
+    assert (f.records, f.size) == (1200, sum(len(b) for b in batches))
+    with open(os.path.join(stager.dir, f.name), "rb") as fh:
+        assert fh.read() == b"".join(batches)
 
 
 def test_start_writeback_on_a_real_file(tmp_path):
