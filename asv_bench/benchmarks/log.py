@@ -361,6 +361,17 @@ def _open_read_log(meta):
     return store, store.partition(TOPIC, 0)
 
 
+def _evict_segments(meta) -> None:
+    """Drop the store's log files from the page cache (they are clean: written and synced)."""
+    for path, _ in meta["files"]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def _close_attrs(obj, *names) -> None:
     """Close and forget ``obj.<name>`` for each name set (teardown also runs after a skip)."""
     for name in names:
@@ -542,6 +553,18 @@ class RatioRead:
         return _ratio(t_aiokafka, t_segstore)
 
     def track_ratio_read_columns_vs_aiokafka(self, meta):
+        return self._ratio_vs_aiokafka(meta)
+
+    def track_ratio_read_columns_reread_from_disk_vs_aiokafka(self, meta):
+        """The same after the segments left the page cache and were read back through a
+        store's map (untimed): what a pipeline rereading older data sees. How the page cache
+        holds the file (small or huge folios) sets what every later map of it costs."""
+        _evict_segments(meta)
+        store, log = _open_read_log(meta)
+        try:
+            log.read_columns()  # reads the files back from disk, through segstore's map
+        finally:
+            store.close()
         return self._ratio_vs_aiokafka(meta)
 
     def track_ratio_read_columns_unpooled_vs_aiokafka(self, meta):
