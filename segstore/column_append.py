@@ -26,7 +26,11 @@ from . import _core
 from .columns import BinaryColumn
 from .errors import InvalidRecordError
 
-CHUNK_BYTES = 4 << 20  # big enough to amortize each call, small enough to stay in cache
+# Big enough that most of a chunk's write covers whole 2 MiB-aligned ranges of the file, which
+# the page cache then holds as huge folios (later maps of the segment fault far less; 4 MiB
+# chunks left 35% of a 1M-record log that way, 8 MiB 83%); small enough that two chunks in
+# flight stay in the last-level cache.
+CHUNK_BYTES = 8 << 20
 RECORD_OVERHEAD_MAX = 32  # length, attributes, deltas and field lengths as varints, header count
 BATCH_OVERHEAD = 61
 MAX_FIELD = (1 << 31) - 1
