@@ -131,8 +131,9 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     return fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0
 
 
-COALESCE_BYTES = 4 << 20  # encoded batches gathered into one writev
-MAX_IOVECS = 512          # well under every kernel's IOV_MAX (1024 on Linux)
+COALESCE_BYTES = 4 << 20       # encoded batches gathered into one writev
+MAX_PENDING_BYTES = 32 << 20   # gathered across a task's files: many partitions stay bounded
+MAX_IOVECS = 512               # well under every kernel's IOV_MAX (1024 on Linux)
 
 
 class _StagingFile:
@@ -162,7 +163,9 @@ class Stager:
     A partition's batches are gathered and written COALESCE_BYTES at a time with one writev:
     a Spark batch routed over several partitions yields pieces of a few hundred KiB, and
     written one by one they cost 15% more CPU and leave the page cache in small folios, which
-    every later map of the file (adoption, readers) pays for in page faults. Every MiB written
+    every later map of the file (adoption, readers) pays for in page faults. What is gathered
+    over all files stays under MAX_PENDING_BYTES (the fullest file is written first), so a
+    write to hundreds of partitions holds no more memory than one to a few. Every MiB written
     starts that range's writeback at once, so the disk writes while the task encodes the next
     batches, and the fdatasync of :meth:`finish` has little left to wait for.
     """
@@ -171,6 +174,7 @@ class Stager:
         self.dir = job_dir(root, job)
         self.task = task
         self._open: dict = {}  # (topic, partition) -> _StagingFile
+        self._pending_bytes = 0  # gathered, not yet written, over all files
 
     def add(self, topic: str, partition: int, data, records: int) -> None:
         """Stage ``data`` (whole v2 batches) for ``topic``-``partition``; ``data`` is kept, not
@@ -193,9 +197,16 @@ class Stager:
         if view.nbytes:
             entry.pending.append(view)
             entry.pending_bytes += view.nbytes
+            self._pending_bytes += view.nbytes
         entry.records += records
-        if entry.pending_bytes < COALESCE_BYTES and len(entry.pending) < MAX_IOVECS:
-            return
+        if entry.pending_bytes >= COALESCE_BYTES or len(entry.pending) >= MAX_IOVECS:
+            self._write(entry)
+        while self._pending_bytes > MAX_PENDING_BYTES:  # a write spread over many partitions
+            self._write(max(self._open.values(), key=lambda e: e.pending_bytes))
+
+    def _write(self, entry: _StagingFile) -> None:
+        """Write ``entry``'s gathered batches and start their writeback."""
+        self._pending_bytes -= entry.pending_bytes
         entry.size += entry.pending_bytes
         entry.write_pending()
         if entry.size - entry.synced >= WRITEBACK_BYTES:
@@ -208,6 +219,7 @@ class Stager:
         out of the driver's serial commit into the tasks, which run in parallel."""
         entries = sorted(self._open.items())
         for _, e in entries:
+            self._pending_bytes -= e.pending_bytes
             e.size += e.pending_bytes
             e.write_pending()
             # Every file's last bytes start for the disk together; the syncs below then wait
@@ -236,6 +248,7 @@ class Stager:
 
     def discard(self) -> None:
         """Close and delete this task's files (a failed task leaves nothing behind)."""
+        self._pending_bytes = 0
         for e in self._open.values():
             e.pending, e.pending_bytes = [], 0
             if e.fd >= 0:

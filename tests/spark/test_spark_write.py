@@ -7,6 +7,7 @@ Kafka's default partitioner); what lands is read back with segstore's record rea
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import pytest
@@ -567,6 +568,35 @@ def test_stager_survives_short_writes_and_caps_each_writev(root, monkeypatch):
     assert (f.records, f.size) == (1200, sum(len(b) for b in batches))
     with open(os.path.join(stager.dir, f.name), "rb") as fh:
         assert fh.read() == b"".join(batches)
+
+
+def test_stager_bounds_what_it_gathers_over_many_partitions(root, monkeypatch):
+    """Gathered bytes over all files stay under MAX_PENDING_BYTES: past it, the file holding
+    the most is written first. Every file still ends with exactly its batches, in order."""
+    monkeypatch.setattr(staging, "MAX_PENDING_BYTES", 50_000)
+    written = []
+    real_writev = os.writev
+    monkeypatch.setattr(staging.os, "writev",
+                        lambda fd, bufs: written.append(fd) or real_writev(fd, bufs))
+    stager = staging.Stager(root, "many", staging.task_tag())
+    sent = {p: [] for p in range(40)}
+    rng = random.Random(7)
+    for i in range(400):
+        p = rng.randrange(40)
+        b = _core.encode_batch([b"%d-%d" % (p, i) * rng.randrange(1, 300)])
+        sent[p].append(b)
+        stager.add("t", p, b, 1)
+        assert stager._pending_bytes == sum(e.pending_bytes for e in stager._open.values())
+        assert stager._pending_bytes <= staging.MAX_PENDING_BYTES
+    assert written  # the cap forced writes long before any file reached COALESCE_BYTES
+    files = {f.partition: f for f in stager.finish()}
+    assert stager._pending_bytes == 0
+    for p, batches in sent.items():
+        if not batches:
+            continue
+        with open(os.path.join(stager.dir, files[p].name), "rb") as fh:
+            assert fh.read() == b"".join(batches)
+        assert files[p].records == len(batches)
 
 
 def test_start_writeback_on_a_real_file(tmp_path):
