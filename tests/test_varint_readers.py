@@ -10,7 +10,10 @@ that each reader takes or rejects it the same way.
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -151,3 +154,106 @@ def test_a_varint_cut_off_at_its_record_end_is_corrupt(field, bits):
     buf, pos = log_with(field, cut=True)
     assert_every_reader_rejects(buf, pos, field,
                                 "a length field runs past the end of its record or batch")
+
+
+# -- no read past the buffer's end -------------------------------------------------------------
+# The varint fast paths read the byte after a continuation byte only when it lies before `end`.
+# Past a record's end that byte is still in the buffer, and a reader that took it would mostly
+# fail with the same reason, so the outcomes above can hardly tell; at the end of the buffer
+# itself it is a read of memory that may not be there. These cases put the field under test
+# in the last byte(s) of the buffer, which ends where a PROT_NONE page begins, in a child
+# process (a read past the end is a SIGSEGV there), and compare every reader's outcome with
+# its outcome on a plain copy of the bytes.
+
+def header_record(cut: bool) -> bytes:
+    """One record with a header whose null value's length (one byte, -1) ends the record, or
+    whose value length is cut off after a continuation byte."""
+    ts_delta, offset_delta, key, value = RECORDS[-1]
+    body = (b"\x00" + varint(ts_delta, 64) + varint(offset_delta, 32) + varint(len(key), 32) + key
+            + varint(len(value), 32) + value)
+    body += varint(1, 32) + varint(2, 32) + b"hk" + (b"\x80" if cut else varint(-1, 32))
+    return varint(len(body), 32) + body
+
+
+def logs_ending_in_each_field():
+    """(name, log) pairs: two batches, the second's last record with each field at each legal
+    width, one byte too wide, or cut off after a continuation byte, so that the field's last
+    byte is the log's last byte whenever it is the record's last field."""
+    first = bytes(batch([record(0, 0, b"lead", b"x")], BASE - 1))
+    cases = [(None, None, False)] + [(f, w, False) for f, bits in FIELDS
+                                     for w in range(1, MAX_BYTES[bits] + 2)]
+    cases += [(f, None, True) for f, _ in FIELDS]
+    for field, width, cut in cases:
+        recs = [record(*r) for r in RECORDS[:-1]]
+        recs.append(record(*RECORDS[-1], field=field, width=width, cut=cut))
+        yield f"{field}-{width}-{cut}", first + bytes(batch(recs, BASE))
+    for cut in (False, True):
+        recs = [record(*r) for r in RECORDS[:-1]] + [header_record(cut)]
+        yield f"header-{cut}", first + bytes(batch(recs, BASE))
+
+
+def reader_outcomes(buf) -> dict:
+    """What each reader makes of ``buf``: its result, or the CorruptRecordError's reason and
+    position."""
+    def outcome(call):
+        try:
+            return ("ok", call())
+        except CorruptRecordError as e:
+            return ("corrupt", e.reason, e.position)
+
+    def columns():
+        c = _core.decode_columns(buf, validate_crc=True)
+        return (c.offsets.tolist(), c.keys.to_pylist(), c.values.to_pylist())
+
+    def records():
+        return [(r.offset, r.key, r.value, r.headers) for r in _core.decode_records(buf)]
+
+    def offset_map():
+        omap = build_map(buf)
+        return [omap.get(k) for k in (b"lead", b"k-0", b"k-1", b"k-2")]
+
+    def scan():
+        return _core.scan_batches(buf, validate_crc=True).batches["size"].tolist()
+
+    pos = len(batch([record(0, 0, b"lead", b"x")], BASE - 1))
+    return {"columns": outcome(columns), "records": outcome(records),
+            "map": outcome(offset_map), "scan": outcome(scan),
+            "filter": outcome(lambda: filter_second_batch(buf, pos))}
+
+
+def guarded_copy(data: bytes):
+    """``data`` in anonymous memory that ends where a PROT_NONE page begins (Linux)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    npages = -(-len(data) // page)
+    mm = mmap.mmap(-1, (npages + 1) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.mprotect(ctypes.c_void_p(base + npages * page), page, 0) != 0:  # PROT_NONE
+        raise OSError(ctypes.get_errno(), "mprotect")
+    start = npages * page - len(data)
+    mm[start:start + len(data)] = data
+    return memoryview(mm)[start:start + len(data)]
+
+
+def run_guarded_readers() -> None:
+    """Child process: every reader on every log of logs_ending_in_each_field, guarded."""
+    for name, data in logs_ending_in_each_field():
+        expected = reader_outcomes(data)
+        got = reader_outcomes(guarded_copy(data))
+        assert got == expected, (name, got, expected)
+        print(name, "ok", flush=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through ctypes: Linux")
+def test_no_reader_reads_past_a_buffer_ending_in_any_varint():
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import sys; sys.path.insert(0, %r); import test_varint_readers as t; "
+            "t.run_guarded_readers()" % here)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    assert proc.stdout.count(" ok") == len(list(logs_ending_in_each_field()))
