@@ -127,6 +127,39 @@ def legacy_wrapper(magic, inner_offsets, records, wrapper_offset, wrapper_ts=Non
                           attributes)
 
 
+def guarded_copy(data) -> memoryview:
+    """``data`` (bytes-like) copied into anonymous memory that ends where an inaccessible page
+    begins (Linux, through ctypes): code reading one byte past its end gets SIGSEGV, so a test
+    using it runs in a child process (:func:`run_in_child`)."""
+    import ctypes
+    import mmap
+
+    data = memoryview(data).cast("B")
+    page = mmap.PAGESIZE
+    npages = max(1, -(-data.nbytes // page))
+    mm = mmap.mmap(-1, (npages + 1) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.mprotect(ctypes.c_void_p(base + npages * page), page, 0) != 0:  # PROT_NONE
+        raise OSError(ctypes.get_errno(), "mprotect")
+    start = npages * page - data.nbytes
+    mm[start:start + data.nbytes] = data
+    return memoryview(mm)[start:start + data.nbytes]
+
+
+def run_in_child(test_file: str, function: str):
+    """Run ``function()`` of the test module ``test_file`` in a fresh interpreter with this
+    process's environment: a crash there (a read past a guarded buffer) fails only the test."""
+    import subprocess
+
+    here, module = os.path.split(os.path.abspath(test_file))
+    code = (f"import sys; sys.path.insert(0, {here!r}); "
+            f"import {module[:-3]} as m; m.{function}()")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+
+
 class FakeClock:
     """Milliseconds that move only when a test says so (the store's injectable clock)."""
 

@@ -13,6 +13,7 @@ import gc
 import gzip
 import mmap
 import struct
+import sys
 import time
 import tracemalloc
 import weakref
@@ -33,8 +34,8 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder as KpLegacyBuil
 from kafka.record.memory_records import MemoryRecords as KpMemoryRecords
 from kafka.record.memory_records import MemoryRecordsBuilder as KpMemoryRecordsBuilder
 
-from conftest import (batch_spans, check_columns, columns_tuples, fix_crc, legacy_message,
-                      legacy_wrapper, rec_tuple, v2_header)
+from conftest import (batch_spans, check_columns, columns_tuples, fix_crc, guarded_copy,
+                      legacy_message, legacy_wrapper, rec_tuple, run_in_child, v2_header)
 from segstore import _core
 from segstore.columns import BinaryColumn
 from segstore.errors import CorruptRecordError
@@ -646,6 +647,48 @@ def test_encode_columns_order_rejects_rows_outside_the_columns():
     assert _core.encode_columns(values, None, T0, order=[1]).data == \
         _core.encode_columns(BinaryColumn.from_pylist([b"b"]), None, T0).data
 
+
+
+def _guarded_array(a: np.ndarray) -> np.ndarray:
+    return np.frombuffer(guarded_copy(a.tobytes()), dtype=a.dtype)
+
+
+def encode_gathers_in_guarded_memory() -> None:
+    """Child process: encode_columns with ``order`` (whose loop prefetches rows ahead of the
+    one it writes) with every input array ending where an inaccessible page begins, on one
+    thread and split over two; each output matches that of plain copies."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    vals = [None if i % 11 == 3 else bytes(rng.integers(0, 256, i % 150, dtype=np.uint8))
+            for i in range(n)]
+    values = BinaryColumn.from_pylist(vals)
+    keys = BinaryColumn.from_pylist([None if i % 5 == 1 else b"key-%d" % i for i in range(n)])
+    ts = T0 + rng.integers(0, 1000, n)
+    guarded_values = BinaryColumn(*(_guarded_array(a) for a in
+                                    (values.data, values.offsets, values.valid)))
+    guarded_keys = BinaryColumn(*(_guarded_array(a) for a in
+                                  (keys.data, keys.offsets, keys.valid)))
+    for order in (rng.permutation(n), rng.permutation(n)[:n - 5], np.arange(n)[::-1].copy(),
+                  np.array([n - 1, 0, n - 1]), rng.permutation(n)[:9]):
+        for min_bytes in (1 << 62, 0):  # one thread; two threads whenever two batches
+            old = _core._set_parallel_min_bytes(min_bytes)
+            try:
+                want = _core.encode_columns(values, keys, ts, order=order,
+                                            records_per_batch=64).data
+                got = _core.encode_columns(guarded_values, guarded_keys, _guarded_array(ts),
+                                           order=_guarded_array(order.astype(np.int64)),
+                                           records_per_batch=64).data
+            finally:
+                _core._set_parallel_min_bytes(old)
+            assert bytes(got) == bytes(want), (len(order), min_bytes)
+            print("ok", flush=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through ctypes: Linux")
+def test_encode_columns_order_reads_nothing_past_its_arrays():
+    proc = run_in_child(__file__, "encode_gathers_in_guarded_memory")
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    assert proc.stdout.split() == ["ok"] * 10
 
 # ----------------------------------------------------------------------------------------------
 # control batches

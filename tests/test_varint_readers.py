@@ -10,14 +10,12 @@ that each reader takes or rejects it the same way.
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
 import sys
 
 import pytest
 
-from conftest import fix_crc
+from conftest import fix_crc, guarded_copy, run_in_child
 from segstore import _core
 from segstore.errors import CorruptRecordError
 
@@ -221,24 +219,6 @@ def reader_outcomes(buf) -> dict:
             "filter": outcome(lambda: filter_second_batch(buf, pos))}
 
 
-def guarded_copy(data: bytes):
-    """``data`` in anonymous memory that ends where a PROT_NONE page begins (Linux)."""
-    import ctypes
-    import mmap
-
-    page = mmap.PAGESIZE
-    npages = -(-len(data) // page)
-    mm = mmap.mmap(-1, (npages + 1) * page)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.mprotect(ctypes.c_void_p(base + npages * page), page, 0) != 0:  # PROT_NONE
-        raise OSError(ctypes.get_errno(), "mprotect")
-    start = npages * page - len(data)
-    mm[start:start + len(data)] = data
-    return memoryview(mm)[start:start + len(data)]
-
-
 def run_guarded_readers() -> None:
     """Child process: every reader on every log of logs_ending_in_each_field, guarded."""
     for name, data in logs_ending_in_each_field():
@@ -250,10 +230,6 @@ def run_guarded_readers() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through ctypes: Linux")
 def test_no_reader_reads_past_a_buffer_ending_in_any_varint():
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = ("import sys; sys.path.insert(0, %r); import test_varint_readers as t; "
-            "t.run_guarded_readers()" % here)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    proc = run_in_child(__file__, "run_guarded_readers")
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
     assert proc.stdout.count(" ok") == len(list(logs_ending_in_each_field()))
