@@ -59,6 +59,7 @@ from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from .producer_state import has_producer_batches
 from .segment import (CLEANED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment,
                       sealed_index_entries, segment_paths)
+from .segment_files import advise_huge_folios
 
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call (fallback)
 
@@ -122,6 +123,9 @@ class _Staged:
             if self.size == 0:
                 raise InvalidRecordError(f"{path} is empty: nothing to adopt")
             self.mm = mmap.mmap(self.fd, self.size)  # baseOffsets are rewritten through it
+            # The file becomes a segment: its pages, if read in from disk here, should be
+            # huge folios like those of segments read through read_map.
+            advise_huge_folios(self.mm)
             self.batches = _scan(self.mm, path, config, validate_crc)
         except BaseException:
             self.close()

@@ -127,6 +127,26 @@ def legacy_wrapper(magic, inner_offsets, records, wrapper_offset, wrapper_ts=Non
                           attributes)
 
 
+# Whether a map's MADV_HUGEPAGE shows ("hg" in its VmFlags): Linux with transparent huge pages.
+HUGE_PAGE_ADVICE_SHOWS = (os.path.exists("/proc/self/smaps")
+                          and os.path.isdir("/sys/kernel/mm/transparent_hugepage")
+                          and hasattr(__import__("mmap"), "MADV_HUGEPAGE"))
+
+
+def map_vm_flags(path) -> list:
+    """VmFlags of each of this process's maps of the file at ``path`` (/proc/self/smaps)."""
+    path = os.path.realpath(path)
+    found, current = [], False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:  # a mapping's first line
+                current = len(head) >= 6 and " ".join(head[5:]) == path
+            elif head and head[0] == "VmFlags:" and current:
+                found.append(head[1:])
+    return found
+
+
 def guarded_copy(data) -> memoryview:
     """``data`` (bytes-like) copied into anonymous memory that ends where an inaccessible page
     begins (Linux, through ctypes): code reading one byte past its end gets SIGSEGV, so a test

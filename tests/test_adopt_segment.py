@@ -16,7 +16,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import fix_crc, rec_tuple
+from conftest import HUGE_PAGE_ADVICE_SHOWS, fix_crc, map_vm_flags, rec_tuple
 import segstore
 from segstore import _core, adopt
 from segstore.checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
@@ -277,6 +277,30 @@ def test_producer_state_and_aborted_transactions(tmp_path, oracle):
     lg = store.partition("t", 0)
     assert lg.active_producers() == oracle.active_producers()
     assert lg.segments[-1].collect_aborted(0, 10) == oracle.segments[-1].collect_aborted(0, 10)
+    store.close()
+
+
+@pytest.mark.skipif(not HUGE_PAGE_ADVICE_SHOWS,
+                    reason="Linux with transparent huge pages only: MADV_HUGEPAGE in smaps")
+def test_adoption_maps_the_files_asking_for_huge_folios(tmp_path, monkeypatch):
+    """A file adopted through its map becomes a segment: pages the map reads in from disk stay
+    in the page cache at the size they came in, for every later map of the segment, so the map
+    asks for huge folios as the segments' read maps do (segment_files.read_map)."""
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    lg = store.partition("t", 0)
+    paths = [stage(root, encode(300, 300 * i), f"{i}.stage") for i in range(2)]
+    seen = {}
+
+    def hook(name):
+        if name == "checked":  # every file is mapped and scanned, none renamed yet
+            seen.update({p: map_vm_flags(p) for p in paths})
+    monkeypatch.setattr(adopt, "adopt_hook", hook)
+    lg.adopt_segment_files(paths)
+    assert lg.log_end_offset == 600
+    for p in paths:
+        (flags,) = seen[p]
+        assert "hg" in flags and "wr" in flags and "sh" in flags, (p, flags)
     store.close()
 
 

@@ -42,6 +42,7 @@ def _shared_helpers():
 _helpers = _shared_helpers()
 batch_spans, fix_crc = _helpers.batch_spans, _helpers.fix_crc
 legacy_message, v2_header = _helpers.legacy_message, _helpers.v2_header
+HUGE_PAGE_ADVICE_SHOWS, map_vm_flags = _helpers.HUGE_PAGE_ADVICE_SHOWS, _helpers.map_vm_flags
 
 TS = 1_700_000_000_000
 KAFKA_BATCH_FIELDS = ["baseOffset", "lastOffset", "count", "baseSequence", "lastSequence",
@@ -201,6 +202,20 @@ def test_dump_log_batch_lines_match_kafka_format(capsys, store):
     names = [w[:-1] for w in lines[2].split() if w.endswith(":")]
     assert names[:12] == KAFKA_BATCH_FIELDS
     assert names[12:] == ["CreateTime", "size", "magic", "compresscodec", "crc", "isvalid"]
+
+
+@pytest.mark.skipif(not HUGE_PAGE_ADVICE_SHOWS,
+                    reason="Linux with transparent huge pages only: MADV_HUGEPAGE in smaps")
+def test_dump_maps_a_log_asking_for_huge_folios(store):
+    """A dump may be the first to read a cold segment in from disk, which fixes the size its
+    pages keep in the page cache for the store's later maps: it maps like the store does."""
+    from segstore.cli.dump_common import MappedFile
+
+    path = seg_path(store, "t", 0)
+    with MappedFile(path) as m:
+        assert bytes(m.buf) == open(path, "rb").read()
+        (flags,) = map_vm_flags(path)
+    assert "hg" in flags and "rd" in flags and "wr" not in flags
 
 
 def test_dump_log_deep_iteration_and_data(capsys, store):

@@ -8,14 +8,13 @@ from ``struct`` walks of the bytes (conftest helpers), not from the code under t
 
 from __future__ import annotations
 
-import mmap
 import os
 import random
 
 import numpy as np
 import pytest
 
-from conftest import batch_spans, v2_header
+from conftest import HUGE_PAGE_ADVICE_SHOWS, batch_spans, map_vm_flags, v2_header
 from segstore import _core
 from segstore.config import TopicConfig
 from segstore.errors import CorruptRecordError, InvalidOffsetError
@@ -164,23 +163,8 @@ def test_append_writes_exact_bytes_at_the_end(tmp_path):
     assert seg.size == sum(len(p[0]) for p in parts)
 
 
-def _vm_flags_of_map_of(path):
-    """VmFlags of this process's mapping of ``path`` (from /proc/self/smaps), or None."""
-    flags, current = None, None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if len(head) >= 6 and "-" in head[0] and head[5] == str(path):
-                current = path
-            elif len(head) >= 6 and "-" in head[0]:
-                current = None
-            elif head and head[0] == "VmFlags:" and current is not None:
-                flags = head[1:]
-    return flags
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/smaps") or not hasattr(mmap, "MADV_HUGEPAGE"),
-                    reason="Linux only: huge-page advice and /proc/self/smaps")
+@pytest.mark.skipif(not HUGE_PAGE_ADVICE_SHOWS,
+                    reason="Linux with transparent huge pages only: MADV_HUGEPAGE in smaps")
 def test_read_map_asks_for_huge_folios(tmp_path):
     """Reads map the log with MADV_HUGEPAGE ('hg' in the mapping's VmFlags): pages faulted in
     from disk then arrive as huge folios, and later maps of the file fault far less."""
@@ -188,8 +172,8 @@ def test_read_map_asks_for_huge_folios(tmp_path):
     seg.append(*enc(0, 3))
     buf = seg.buffer()
     assert bytes(buf[:seg.size]) == open(seg.log_path, "rb").read()
-    flags = _vm_flags_of_map_of(os.path.realpath(seg.log_path))
-    assert flags is not None and "hg" in flags and "rd" in flags and "wr" not in flags
+    (flags,) = map_vm_flags(seg.log_path)
+    assert "hg" in flags and "rd" in flags and "wr" not in flags
 
 
 @pytest.mark.parametrize("base", [0, 40, 2**31 + 10, 2**40])

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..segment_files import read_map
 from ._common import print_json
 
 
@@ -96,7 +97,8 @@ class MappedFile:
     def __init__(self, path: str):
         self._f = open(path, "rb")
         size = os.fstat(self._f.fileno()).st_size
-        self.buf = mmap.mmap(self._f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+        # read_map: a dump may be the first to read a cold segment in from disk (folio size).
+        self.buf = read_map(self._f.fileno(), size) if size else b""
         self.size = size
 
     def close(self) -> None:
