@@ -599,6 +599,46 @@ def test_stager_bounds_what_it_gathers_over_many_partitions(root, monkeypatch):
         assert files[p].records == len(batches)
 
 
+@pytest.mark.usefixtures("fresh_buffer_pool")
+@pytest.mark.parametrize("end", ["finish", "discard"])
+def test_stager_holds_pooled_encoder_output_only_until_written(root, monkeypatch, end):
+    """Gathered batches are the encoder's own output (read-only views of pooled blocks), kept
+    without a copy: the blocks stay in use while gathered, are written whole through short
+    writes, and go back to the pool once finish() or discard() is done with them."""
+    from segstore import buffer_pool
+    from segstore.columns import BinaryColumn
+
+    def short_writev(fd, bufs):  # at most three views, and short of their end by 5 bytes
+        data = b"".join(bytes(b) for b in bufs[:3])
+        return os.write(fd, data[:len(data) - 5] if len(data) > 5 else data)
+
+    monkeypatch.setattr(staging.os, "writev", short_writev)
+    stager = staging.Stager(root, "pooled", staging.task_tag())
+    before = buffer_pool.stats().in_use_bytes
+    sent = {0: [], 1: []}
+    for i in range(6):
+        values = BinaryColumn.from_pylist([bytes([i]) * 1200] * 1000)  # 1.2 MB encoded
+        enc = _core.encode_columns(values, None, 1_700_000_000_000 + i)
+        assert isinstance(enc.data, memoryview) and enc.data.readonly
+        sent[i % 2].append(bytes(enc.data))
+        stager.add("t", i % 2, enc.data, 1000)
+        del enc
+    held = buffer_pool.stats().in_use_bytes - before
+    gathered = sum(len(b) for bs in sent.values() for b in bs)
+    assert stager._pending_bytes == gathered < staging.COALESCE_BYTES * 2  # nothing written
+    assert gathered <= held <= 2 * gathered  # the views keep their blocks, and only them
+    if end == "discard":
+        stager.discard()
+        assert staged(root) == []
+    else:
+        files = {f.partition: f for f in stager.finish()}
+        for p, batches in sent.items():
+            assert (files[p].records, files[p].size) == (3000, sum(map(len, batches)))
+            with open(os.path.join(stager.dir, files[p].name), "rb") as fh:
+                assert fh.read() == b"".join(batches)
+    assert buffer_pool.stats().in_use_bytes == before
+
+
 def test_start_writeback_on_a_real_file(tmp_path):
     path = tmp_path / "f"
     with open(path, "wb") as f:
