@@ -99,3 +99,41 @@ def test_a_corrupt_batch_fails_the_round_and_changes_nothing(tmp_path, which):
     assert store.metrics()["uncleanable-partitions-count"] == 1
     assert store.compact("t", 0) == []          # quarantined: skipped unless forced
     store.close()
+
+
+def test_cleaned_output_is_gathered_before_each_write(tmp_path, monkeypatch):
+    """The cleaner writes its output OUTPUT_GATHER bytes or more at a time (only a source
+    segment's last piece is smaller), not once per input chunk, so cleaned segments come into
+    the page cache in large folios; what it writes is still the latest value of every key."""
+    import numpy as np
+
+    from segstore.cleaner import cleaner as cleaner_mod
+    from segstore.columns import BinaryColumn
+
+    gather = 6 << 20   # more than what one 4 MiB input chunk filters to
+    monkeypatch.setattr(cleaner_mod, "OUTPUT_GATHER", gather)
+    pieces = []
+    real_append = cleaner_mod.Cleaner._append
+
+    def append(self, dest, out, n):
+        pieces.append((dest.base_offset, n))
+        return real_append(self, dest, out, n)
+
+    monkeypatch.setattr(cleaner_mod.Cleaner, "_append", append)
+    store = segstore.open(str(tmp_path / "s"), clock=FakeClock(1_700_000_000_000))
+    store.create_topic("t", 1, {"cleanup.policy": "compact", "segment.bytes": 64 << 20})
+    lg = store.partition("t", 0)
+    n = 150_000   # about 18 MB: five 4 MiB input chunks, most records kept
+    keys = np.zeros((n, 8), dtype=np.uint8)
+    ids = np.arange(n, dtype=np.int64) % 140_000  # 10,000 keys written twice
+    keys[:] = ids.view(np.uint8).reshape(n, 8)
+    values = np.arange(n, dtype=np.int64).repeat(13).view(np.uint8).reshape(n, 104)
+    lg.append_columns(BinaryColumn.from_fixed(values), BinaryColumn.from_fixed(keys))
+    lg.roll()
+    assert store.compact("t", 0, force=True)
+    assert len(pieces) >= 3
+    assert all(size >= gather for _, size in pieces[:-1])
+    latest = {bytes(keys[i]): bytes(values[i]) for i in range(n)}
+    after = {r.key: r.value for r in lg.iter_records()}
+    assert after == latest and lg.verify() == []
+    store.close()

@@ -37,6 +37,10 @@ ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 ATTR_DELETE_HORIZON = 0x40
 MIN_CHUNK = 4 << 20   # below this, per-chunk Python costs more than the I/O buffer saves
+# Cleaned output is gathered to this much before each write: a chunk of mostly superseded
+# records filters to a few hundred KiB, and written that small a cleaned segment sits in small
+# page-cache folios, which every later map of it pays for in faults (docs/performance.md).
+OUTPUT_GATHER = 8 << 20
 
 
 def group_segments_by_size(segments, max_size: int, max_index_size: int,
@@ -127,7 +131,7 @@ class Cleaner:
         self.throttler = throttler
         self.clock = clock
         self.check_done = check_done or (lambda tp: None)
-        self._out = bytearray(self.chunk_size + (self.chunk_size >> 3))
+        self._out = bytearray(OUTPUT_GATHER + self.chunk_size + (self.chunk_size >> 3))
         self._crc_checked: set = set()
         self._table_hint: dict = {}   # TopicPartition -> table size its last map build grew to
 
@@ -336,6 +340,7 @@ class Cleaner:
         # Every batch's CRC is checked before any of its bytes is trusted or copied: here, or
         # already while the offset map was built over this segment.
         crc = id(source) not in self._crc_checked
+        op = 0
         while pos < size:
             self.check_done(tp)
             end = min(pos + self.chunk_size, size)
@@ -345,7 +350,6 @@ class Cleaner:
                 sr = _core.scan_batches(mm, pos, end, validate_crc=crc, file=source.log_path)
             end = sr.valid_end
             self.throttler.maybe_throttle(end - pos)
-            op = 0
             p = pos
             while p < end:
                 code, p, op = filt.run(mm, p, end, out, op, file=source.log_path)
@@ -356,10 +360,13 @@ class Cleaner:
                     op, p = self._filter_special(lg, source, dest, mm, p, filt, txn, producers,
                                                  retain_legacy, now, upper, op)
                     out = self._out
-            if op:
+            if op >= OUTPUT_GATHER:
                 self._append(dest, out, op)
+                op = 0
             _release(mm, pos, end)
             pos = end
+        if op:
+            self._append(dest, self._out, op)
 
     def _append(self, dest, out: bytearray, n: int) -> None:
         _core.finish_crcs(out, 0, n)
