@@ -252,6 +252,24 @@ class _Interrupted:
         raise KeyboardInterrupt
 
 
+def _late_second_core(names, gate, futures):
+    """A stand-in for ``_core._second_core``: kernels named in ``names`` run on the real second
+    thread only once ``gate`` is set (their futures go to ``futures``), and the caller's wait
+    for them is interrupted at once (KeyboardInterrupt); anything else runs as usual."""
+    real = _core._second_core
+
+    def second_core(fn, *args):
+        if getattr(fn, "__name__", "") not in names:
+            return real(fn, *args)
+
+        def late(*a):
+            gate.wait(20)
+            fn(*a)
+        futures.append(real(late, *args))
+        return _Interrupted(futures[-1])
+    return second_core
+
+
 def test_an_interrupted_decode_keeps_its_arrays_until_its_thread_is_done(monkeypatch):
     """When the wait for the second thread's fill is interrupted, the decode unwinds and drops
     its output arrays while that thread still writes into them through raw pointers: their
@@ -261,16 +279,7 @@ def test_an_interrupted_decode_keeps_its_arrays_until_its_thread_is_done(monkeyp
     gate = threading.Event()
     futures = []
     real = _core._second_core
-
-    def second_core(fn, *args):
-        if getattr(fn, "__name__", "") not in ("fill", "fill_tail"):
-            return real(fn, *args)
-
-        def late(*a):
-            gate.wait(20)
-            fn(*a)
-        futures.append(real(late, *args))
-        return _Interrupted(futures[-1])
+    second_core = _late_second_core(("fill", "fill_tail"), gate, futures)
 
     monkeypatch.setattr(_core, "_second_core", second_core)
     try:
@@ -301,16 +310,7 @@ def test_an_interrupted_encode_keeps_its_inputs_and_output_until_its_thread_is_d
     gate = threading.Event()
     futures = []
     real = _core._second_core
-
-    def second_core(fn, *args):
-        if getattr(fn, "__name__", "") != "write":
-            return real(fn, *args)
-
-        def late(*a):
-            gate.wait(20)
-            fn(*a)
-        futures.append(real(late, *args))
-        return _Interrupted(futures[-1])
+    second_core = _late_second_core(("write",), gate, futures)
 
     values = np.full((N, VALUE), 5, dtype=np.uint8)
     col = BinaryColumn.from_fixed(values)

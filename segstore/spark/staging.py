@@ -204,13 +204,15 @@ class Stager:
         while self._pending_bytes > MAX_PENDING_BYTES:  # a write spread over many partitions
             self._write(max(self._open.values(), key=lambda e: e.pending_bytes))
 
-    def _write(self, entry: _StagingFile) -> None:
-        """Write ``entry``'s gathered batches and start their writeback."""
+    def _write(self, entry: _StagingFile, writeback_from: int = WRITEBACK_BYTES) -> None:
+        """Write ``entry``'s gathered batches, and start the writeback of what it has not yet
+        started once that is ``writeback_from`` bytes or more."""
         self._pending_bytes -= entry.pending_bytes
         entry.size += entry.pending_bytes
         entry.write_pending()
-        if entry.size - entry.synced >= WRITEBACK_BYTES:
-            start_writeback(entry.fd, entry.synced, entry.size - entry.synced)
+        unsynced = entry.size - entry.synced
+        if unsynced >= max(writeback_from, 1) and start_writeback(entry.fd, entry.synced,
+                                                                  unsynced):
             entry.synced = entry.size
 
     def finish(self) -> tuple:
@@ -219,13 +221,9 @@ class Stager:
         out of the driver's serial commit into the tasks, which run in parallel."""
         entries = sorted(self._open.items())
         for _, e in entries:
-            self._pending_bytes -= e.pending_bytes
-            e.size += e.pending_bytes
-            e.write_pending()
             # Every file's last bytes start for the disk together; the syncs below then wait
             # for writes already under way instead of starting them one file at a time.
-            if e.size > e.synced and start_writeback(e.fd, e.synced, e.size - e.synced):
-                e.synced = e.size
+            self._write(e, writeback_from=1)
         fds = [e.fd for _, e in entries]
         if len(fds) > 1 and _sync_file_range is None:
             # No writeback was started: each fdatasync writes a whole file, so they overlap.
