@@ -190,6 +190,15 @@ def set_base_offset(buf: bytearray, position: int, base_offset: int,
                     partition_leader_epoch: Optional[int] = None) -> None:
     """Rewrite a v2 batch's baseOffset (and leader epoch) in place; neither is covered by the CRC."""
 
+def write_base_offsets(fd: int, positions: np.ndarray, sizes: np.ndarray,
+                       base_offsets: np.ndarray, partition_leader_epoch: int = 0,
+                       file: Optional[str] = None) -> None:
+    """Rewrite the baseOffset and partitionLeaderEpoch of the v2 batches of the file open on
+    ``fd`` (int64 positions, int32 sizes, int64 new base offsets), one 16-byte pwrite per batch;
+    the CRC covers neither. Batches outside the file raise ValueError before any write; a
+    failed write raises OSError. Through the descriptor, not a map: a store through a shared
+    map dirties whole page-cache folios, which the next fdatasync writes back whole."""
+
 # -- the log cleaner (_clean.pxi) ----------------------------------------------------------
 
 class OffsetMap:

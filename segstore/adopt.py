@@ -12,7 +12,9 @@ crash tests):
 1. ``checked``  - each file is scanned (sizes, magic 2, CRCs unless the caller vouches for the
    bytes, ``max.message.bytes``); before the lock, since it does not depend on the log.
 2. ``offsets``  - each batch's baseOffset is set so that offsets continue from the log end
-   offset, file after file (leader epoch 0, as appends write), producer state validates the
+   offset, file after file (leader epoch 0, as appends write), with one pwrite per batch
+   (``_core.write_base_offsets``: a store through a shared map would dirty whole page-cache
+   folios, which the fdatasync would then write back whole), producer state validates the
    batches, and each file is fdatasynced (its length did not change, so fdatasync is enough).
 3. ``sealed``   - the active segment is sealed (final time-index entry, trimmed indexes) and the
    log flushed up to its end, as a roll does; an empty active segment is replaced instead.
@@ -48,7 +50,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 from typing import Optional
 
 import numpy as np
@@ -59,13 +60,9 @@ from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from .producer_state import has_producer_batches
 from .segment import (CLEANED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment,
                       sealed_index_entries, segment_paths)
-from .segment_files import advise_huge_folios
+from .segment_files import read_map
 
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call (fallback)
-
-# On Linux a shared map's stores are the file's page cache, which fdatasync writes back; msync
-# (mmap.flush) would add a full fsync of its own. Elsewhere the map is flushed first.
-_MSYNC_BEFORE_SYNC = not sys.platform.startswith("linux")
 
 # Tests set this to a callable(step) to crash an adoption after a step.
 adopt_hook = None
@@ -122,10 +119,10 @@ class _Staged:
             self.size, self.dev = st.st_size, st.st_dev
             if self.size == 0:
                 raise InvalidRecordError(f"{path} is empty: nothing to adopt")
-            self.mm = mmap.mmap(self.fd, self.size)  # baseOffsets are rewritten through it
-            # The file becomes a segment: its pages, if read in from disk here, should be
-            # huge folios like those of segments read through read_map.
-            advise_huge_folios(self.mm)
+            # Read only: baseOffsets are rewritten through the descriptor (step 2). The file
+            # becomes a segment: its pages, if read in from disk here, should be huge folios
+            # like those of every segment's read map.
+            self.mm = read_map(self.fd, self.size)
             self.batches = _scan(self.mm, path, config, validate_crc)
         except BaseException:
             self.close()
@@ -193,14 +190,13 @@ def _adopt_run(lg, run: list):
     for s in run:
         s.base = base
         rebased = rebase(s.batches, base)
-        for pos, b in zip(s.batches["position"].tolist(), rebased["base_offset"].tolist()):
-            _core.set_base_offset(s.mm, pos, b, 0)
+        _core.write_base_offsets(s.fd, np.ascontiguousarray(rebased["position"]),
+                                 np.ascontiguousarray(rebased["size"]),
+                                 np.ascontiguousarray(rebased["base_offset"]), 0, file=s.path)
         s.batches = rebased
         lg.producer_state.validate(s.mm, s.batches)  # fenced epochs, transaction state
         base = int(rebased["last_offset"][-1]) + 1
     for s in run:
-        if _MSYNC_BEFORE_SYNC:
-            s.mm.flush()
         os.fdatasync(s.fd)
     _step("offsets")
     return _install(lg, run)

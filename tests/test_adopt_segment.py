@@ -300,8 +300,81 @@ def test_adoption_maps_the_files_asking_for_huge_folios(tmp_path, monkeypatch):
     assert lg.log_end_offset == 600
     for p in paths:
         (flags,) = seen[p]
-        assert "hg" in flags and "wr" in flags and "sh" in flags, (p, flags)
+        # Read only: base offsets are written through the descriptor (see the next test).
+        assert "hg" in flags and "sh" in flags and "wr" not in flags, (p, flags)
     store.close()
+
+
+def test_write_base_offsets_rewrites_only_offset_and_epoch(tmp_path):
+    """write_base_offsets: every batch gets its new baseOffset and leader epoch through the
+    descriptor, every other byte stays as it was, and kafka-python still parses the batches
+    (CRC valid) at the new offsets."""
+    from kafka.record import MemoryRecords
+
+    data = encode(250, per_batch=100)   # batches of 100, 100 and 50 records
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    scan = _core.scan_batches(data)
+    b = scan.batches
+    bases = np.array([1000, 5000, 5100], dtype=np.int64)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        _core.write_base_offsets(fd, np.ascontiguousarray(b["position"]),
+                                 np.ascontiguousarray(b["size"]), bases, 7)
+    finally:
+        os.close(fd)
+    out = path.read_bytes()
+    assert len(out) == len(data)
+    want = bytearray(data)
+    for pos, base in zip(b["position"].tolist(), bases.tolist()):
+        want[pos:pos + 8] = struct.pack(">q", base)
+        want[pos + 12:pos + 16] = struct.pack(">i", 7)
+    assert out == bytes(want)
+    records = MemoryRecords(out)
+    got = []
+    while records.has_next():
+        batch = records.next_batch()
+        assert batch.validate_crc()
+        got += [r.offset for r in batch]
+    assert got == [*range(1000, 1100), *range(5000, 5100), *range(5100, 5150)]
+
+
+def test_write_base_offsets_refuses_batches_outside_the_file(tmp_path):
+    """A position or size that would put a batch past the file's end (or before its start) is
+    refused before anything is written; a descriptor that cannot be written raises OSError."""
+    data = encode(20, per_batch=10)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    b = _core.scan_batches(data).batches
+    pos = np.ascontiguousarray(b["position"])
+    size = np.ascontiguousarray(b["size"])
+    fd = os.open(path, os.O_RDWR)
+    try:
+        past_end = pos.copy()
+        past_end[1] = len(data) - size[1] + 1
+        with pytest.raises(ValueError, match="no whole v2 batch"):
+            _core.write_base_offsets(fd, past_end, size, np.array([5, 6], dtype=np.int64))
+        negative = pos.copy()
+        negative[0] = -1
+        with pytest.raises(ValueError, match="no whole v2 batch"):
+            _core.write_base_offsets(fd, negative, size, np.array([5, 6], dtype=np.int64))
+        short = size.copy()
+        short[0] = 60   # shorter than a v2 header
+        with pytest.raises(ValueError, match="no whole v2 batch"):
+            _core.write_base_offsets(fd, pos, short, np.array([5, 6], dtype=np.int64))
+        with pytest.raises(ValueError, match="same length"):
+            _core.write_base_offsets(fd, pos, size, np.array([5], dtype=np.int64))
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data   # nothing was written
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError):
+            _core.write_base_offsets(fd, pos, size, np.array([5, 6], dtype=np.int64),
+                                     file=str(path))
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data
 
 
 def stage_files(root, n_files):
