@@ -143,7 +143,9 @@ def encode_batch(
 
     ``log_append_time_ms`` stamps the batch LogAppendTime (attribute bit 3, maxTimestamp).
     ``offset_deltas`` (strictly increasing, default 0..n-1) writes a batch with offset gaps,
-    as the cleaner does.
+    as the cleaner does. ``values``, ``keys`` and ``timestamps_ms`` may be any sequences (or
+    iterables); anything else, a timestamp that is not an int, or lengths that disagree raise
+    InvalidRecordError naming the field.
     """
 
 def encode_control_batch(

@@ -18,6 +18,7 @@ from cpython.ref cimport PyObject
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcmp, memcpy, memmove, memset
 from cpython.buffer cimport PyBUF_FORMAT
+from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 
 import mmap as _mmap
 import os as _os

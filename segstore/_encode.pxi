@@ -79,12 +79,20 @@ cdef int _bytes_arg(object o, list keep, const uint8_t** p, int32_t* n, str what
     return 0
 
 
-cdef _finish_batch(bytearray out, Py_ssize_t pos, Py_ssize_t size):
-    cdef uint8_t* p = <uint8_t*>(<char*>out) + pos
+cdef _finish_batch(object out, Py_ssize_t pos, Py_ssize_t size):
+    """Set the CRC of the batch at out[pos:pos+size] (a bytearray, or a bytes object this
+    module just made and nothing else holds yet)."""
+    cdef uint8_t* p = <uint8_t*>_batch_ptr(out) + pos
     if _crc_fn != NULL:
         wr_u32(p + 17, crc32c_c(p + 21, size - 21))
     else:
         wr_u32(p + 17, _crc32c_pkg(memoryview(out)[pos + 21:pos + size]))
+
+
+cdef inline char* _batch_ptr(object out):
+    if PyBytes_CheckExact(out):
+        return PyBytes_AS_STRING(out)
+    return <char*>(<bytearray>out)
 
 
 cdef object _compress_batch(object out, Py_ssize_t pos, Py_ssize_t size, int codec, level):
@@ -105,67 +113,142 @@ def _now_ms():
     return int(time.time() * 1000)
 
 
+# One record of an encode_batch call, and one of its headers: pointers into the caller's
+# objects (kept alive by the caller's sequences or by `keep`) and the sizes the batch needs.
+cdef struct _RecordIn:
+    const uint8_t* k
+    const uint8_t* v
+    int64_t ts
+    int64_t hbytes        # encoded bytes of its headers
+    Py_ssize_t h0         # its first header in the flattened header array
+    int32_t kl
+    int32_t vl
+    int32_t od
+    int32_t hcount
+
+
+cdef struct _HeaderIn:
+    const uint8_t* k
+    const uint8_t* v
+    int32_t kl
+    int32_t vl
+
+
+cdef object _fast_sequence(object seq, str what):
+    """``seq`` as a list or tuple (its items then read without a call per item)."""
+    if type(seq) is list or type(seq) is tuple:
+        return seq
+    try:
+        return PySequence_Fast(seq, "")
+    except TypeError:
+        raise InvalidRecordError(f"{what} must be a sequence, not {type(seq).__name__}") from None
+
+
+cdef int _read_timestamps(object timestamps_ms, _RecordIn* recs, Py_ssize_t n) except -1:
+    """Timestamps: one for all (an int), one per record (a sequence of ints), or now (None)."""
+    cdef Py_ssize_t i
+    cdef int64_t one
+    cdef const int64_t[::1] tv
+    if timestamps_ms is None or isinstance(timestamps_ms, int):
+        one = _now_ms() if timestamps_ms is None else timestamps_ms
+        for i in range(n):
+            recs[i].ts = one
+        return 0
+    if isinstance(timestamps_ms, np.ndarray):
+        if len(timestamps_ms) != n:
+            raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {n} values")
+        arr = np.ascontiguousarray(timestamps_ms, dtype=np.int64)
+        tv = arr
+        for i in range(n):
+            recs[i].ts = tv[i]
+        return 0
+    ts = _fast_sequence(timestamps_ms, "timestamps_ms")
+    if PySequence_Fast_GET_SIZE(ts) != n:
+        raise InvalidRecordError(f"{PySequence_Fast_GET_SIZE(ts)} timestamps for {n} values")
+    for i in range(n):
+        item = <object>PySequence_Fast_GET_ITEM(ts, i)
+        try:
+            recs[i].ts = item
+        except (TypeError, OverflowError):
+            raise InvalidRecordError(
+                f"timestamp {i} must be an int of milliseconds, not {item!r}") from None
+    return 0
+
+
 cdef object _encode(values, keys, headers, timestamps_ms, int64_t base_offset, int codec, level,
                     log_append_time_ms, int64_t producer_id, int producer_epoch,
                     int32_t base_sequence, bint transactional, bint control,
                     int32_t leader_epoch, offset_deltas):
-    cdef Py_ssize_t n = len(values), i, j, nh = 0
+    values = _fast_sequence(values, "values")
+    cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(values)
     if n == 0:
         raise InvalidRecordError("a record batch needs at least one record")
-    if keys is not None and len(keys) != n:
-        raise InvalidRecordError(f"{len(keys)} keys for {n} values")
+    if keys is not None:
+        keys = _fast_sequence(keys, "keys")
+        if PySequence_Fast_GET_SIZE(keys) != n:
+            raise InvalidRecordError(f"{PySequence_Fast_GET_SIZE(keys)} keys for {n} values")
     if headers is not None and len(headers) != n:
         raise InvalidRecordError(f"{len(headers)} header lists for {n} values")
     if offset_deltas is not None and len(offset_deltas) != n:
         raise InvalidRecordError(f"{len(offset_deltas)} offset deltas for {n} values")
     if not -32768 <= producer_epoch <= 32767:
         raise InvalidRecordError(f"producer_epoch {producer_epoch} does not fit an int16")
-    # numpy arrays of per-record fields: freed by refcounting whatever happens.
-    kp_a = np.zeros(n, dtype=np.uintp)
-    vp_a = np.zeros(n, dtype=np.uintp)
-    kl_a = np.empty(n, dtype=np.int32)
-    vl_a = np.empty(n, dtype=np.int32)
-    ts_a = np.empty(n, dtype=np.int64)
-    od_a = np.empty(n, dtype=np.int32)
-    hs_a = np.zeros(n + 1, dtype=np.int64)    # first header index of each record
-    hb_a = np.zeros(n, dtype=np.int64)        # encoded header bytes of each record
-    cdef size_t[::1] kp = kp_a, vp = vp_a
-    cdef int32_t[::1] kl = kl_a, vl = vl_a, od = od_a
-    cdef int64_t[::1] ts = ts_a, hs = hs_a, hb = hb_a
+    # One allocation for the per-record fields (a batch of 1,000 records used to take eight
+    # numpy arrays); freed whatever happens.
+    cdef _RecordIn* recs = <_RecordIn*>malloc(n * sizeof(_RecordIn))
+    cdef _HeaderIn* hdrs = NULL
+    if recs == NULL:
+        raise MemoryError()
+    try:
+        return _encode_records(values, keys, headers, timestamps_ms, recs, &hdrs, n,
+                               base_offset, codec, level, log_append_time_ms, producer_id,
+                               producer_epoch, base_sequence, transactional, control,
+                               leader_epoch, offset_deltas)
+    finally:
+        free(recs)
+        free(hdrs)
+
+
+cdef object _encode_records(values, keys, headers, timestamps_ms, _RecordIn* recs,
+                            _HeaderIn** hdrs_out, Py_ssize_t n, int64_t base_offset, int codec,
+                            level, log_append_time_ms, int64_t producer_id, int producer_epoch,
+                            int32_t base_sequence, bint transactional, bint control,
+                            int32_t leader_epoch, offset_deltas):
+    cdef Py_ssize_t i, j, nh = 0
     cdef list keep = []
     cdef const uint8_t* ptr
     cdef int32_t length
-    # Timestamps: one for all, one per record, or now.
-    if timestamps_ms is None:
-        ts_a[:] = _now_ms()
-    elif isinstance(timestamps_ms, int):
-        ts_a[:] = timestamps_ms
-    else:
-        if len(timestamps_ms) != n:
-            raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {n} values")
-        ts_a[:] = np.asarray(timestamps_ms, dtype=np.int64)
+    cdef const int64_t[::1] od_v
+    _read_timestamps(timestamps_ms, recs, n)
     if offset_deltas is None:
-        od_a[:] = np.arange(n, dtype=np.int32)
-    else:
-        od_a[:] = np.asarray(offset_deltas, dtype=np.int64)
         for i in range(n):
-            if od[i] < 0 or (i and od[i] <= od[i - 1]):
+            recs[i].od = <int32_t>i
+    else:
+        od_v = np.ascontiguousarray(offset_deltas, dtype=np.int64)
+        for i in range(n):
+            if od_v[i] < 0 or od_v[i] > 0x7FFFFFFF or (i and od_v[i] <= recs[i - 1].od):
                 raise InvalidOffsetError("offset_deltas must be >= 0 and strictly increasing")
+            recs[i].od = <int32_t>od_v[i]
     for i in range(n):
-        _bytes_arg(values[i], keep, &ptr, &length, "value", i)
-        vp[i] = <size_t>ptr
-        vl[i] = length
+        _bytes_arg(<object>PySequence_Fast_GET_ITEM(values, i), keep, &ptr, &length, "value", i)
+        recs[i].v = ptr
+        recs[i].vl = length
         if keys is None:
-            kl[i] = -1
+            recs[i].k = NULL
+            recs[i].kl = -1
         else:
-            _bytes_arg(keys[i], keep, &ptr, &length, "key", i)
-            kp[i] = <size_t>ptr
-            kl[i] = length
-    # Headers: flatten to (key, value) pointer arrays.
+            _bytes_arg(<object>PySequence_Fast_GET_ITEM(keys, i), keep, &ptr, &length, "key", i)
+            recs[i].k = ptr
+            recs[i].kl = length
+        recs[i].h0 = 0
+        recs[i].hcount = 0
+        recs[i].hbytes = 0
+    # Headers: flattened into one array of (key, value) pointers.
     hkeys = []
     hvals = []
     if headers is not None:
         for i in range(n):
+            recs[i].h0 = len(hkeys)
             hlist = headers[i]
             if hlist:
                 for item in hlist:
@@ -182,43 +265,44 @@ cdef object _encode(values, keys, headers, timestamps_ms, int64_t base_offset, i
                             f"header key of record {i} must be str, not {type(hk).__name__}")
                     hkeys.append(hk)
                     hvals.append(hv)
-            hs[i + 1] = len(hkeys)
+            recs[i].hcount = <int32_t>(len(hkeys) - recs[i].h0)
     nh = len(hkeys)
-    hkp_a = np.zeros(max(nh, 1), dtype=np.uintp)
-    hvp_a = np.zeros(max(nh, 1), dtype=np.uintp)
-    hkl_a = np.empty(max(nh, 1), dtype=np.int32)
-    hvl_a = np.empty(max(nh, 1), dtype=np.int32)
-    cdef size_t[::1] hkp = hkp_a, hvp = hvp_a
-    cdef int32_t[::1] hkl = hkl_a, hvl = hvl_a
+    cdef _HeaderIn* hdrs = NULL
+    if nh:
+        hdrs = <_HeaderIn*>malloc(nh * sizeof(_HeaderIn))
+        if hdrs == NULL:
+            raise MemoryError()
+        hdrs_out[0] = hdrs   # freed by the caller
     for j in range(nh):
         _bytes_arg(hkeys[j], keep, &ptr, &length, "header key", j)
-        hkp[j] = <size_t>ptr
-        hkl[j] = length
+        hdrs[j].k = ptr
+        hdrs[j].kl = length
         _bytes_arg(hvals[j], keep, &ptr, &length, "header value", j)
-        hvp[j] = <size_t>ptr
-        hvl[j] = length
+        hdrs[j].v = ptr
+        hdrs[j].vl = length
     cdef BatchHeader h
     memset(&h, 0, sizeof(BatchHeader))
     h.base_offset = base_offset
     h.partition_leader_epoch = leader_epoch
     h.magic = 2
     h.attributes = (0x10 if transactional else 0) | (0x20 if control else 0)
-    h.last_offset_delta = od[n - 1]
-    h.base_timestamp = ts[0]
-    h.max_timestamp = ts[0]
+    h.last_offset_delta = recs[n - 1].od
+    h.base_timestamp = recs[0].ts
+    h.max_timestamp = recs[0].ts
     h.producer_id = producer_id
     h.producer_epoch = <int16_t>producer_epoch
     h.base_sequence = base_sequence
     h.records_count = <int32_t>n
     cdef int64_t total = V2_HEADER_C, body
+    cdef _RecordIn* r
     for i in range(n):
-        if ts[i] > h.max_timestamp:
-            h.max_timestamp = ts[i]
-        for j in range(hs[i], hs[i + 1]):
-            hb[i] += (varint_size(hkl[j]) + hkl[j] + varint_size(hvl[j])
-                      + (hvl[j] if hvl[j] > 0 else 0))
-        body = _record_body_size(ts[i] - h.base_timestamp, od[i], kl[i], vl[i],
-                                 <int32_t>(hs[i + 1] - hs[i]), hb[i])
+        r = &recs[i]
+        if r.ts > h.max_timestamp:
+            h.max_timestamp = r.ts
+        for j in range(r.h0, r.h0 + r.hcount):
+            r.hbytes += (varint_size(hdrs[j].kl) + hdrs[j].kl + varint_size(hdrs[j].vl)
+                         + (hdrs[j].vl if hdrs[j].vl > 0 else 0))
+        body = _record_body_size(r.ts - h.base_timestamp, r.od, r.kl, r.vl, r.hcount, r.hbytes)
         if body > MAX_RECORD_FIELD:
             raise InvalidRecordError(f"record {i} is larger than 2 GiB")
         total += varint_size(<int32_t>body) + body
@@ -228,31 +312,32 @@ cdef object _encode(values, keys, headers, timestamps_ms, int64_t base_offset, i
         h.attributes |= 0x08
         h.max_timestamp = log_append_time_ms
     h.size = <int32_t>total
-    out = bytearray(total)
-    cdef uint8_t* base = <uint8_t*>(<char*>out)
+    # Written straight into the bytes object returned: nothing else holds it yet.
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t* base = <uint8_t*>PyBytes_AS_STRING(out)
     cdef uint8_t* p = base + V2_HEADER_C
     _write_batch_header(base, &h)
     for i in range(n):
-        body = _record_body_size(ts[i] - h.base_timestamp, od[i], kl[i], vl[i],
-                                 <int32_t>(hs[i + 1] - hs[i]), hb[i])
-        p = _write_record_head(p, <int32_t>body, ts[i] - h.base_timestamp, od[i],
-                               <const uint8_t*>kp[i], kl[i], <const uint8_t*>vp[i], vl[i])
-        p += write_varint(p, <int32_t>(hs[i + 1] - hs[i]))
-        for j in range(hs[i], hs[i + 1]):
-            p += write_varint(p, hkl[j])
-            if hkl[j] > 0:
-                memcpy(p, <const uint8_t*>hkp[j], hkl[j])
-                p += hkl[j]
-            p += write_varint(p, hvl[j])
-            if hvl[j] > 0:
-                memcpy(p, <const uint8_t*>hvp[j], hvl[j])
-                p += hvl[j]
+        r = &recs[i]
+        body = _record_body_size(r.ts - h.base_timestamp, r.od, r.kl, r.vl, r.hcount, r.hbytes)
+        p = _write_record_head(p, <int32_t>body, r.ts - h.base_timestamp, r.od, r.k, r.kl,
+                               r.v, r.vl)
+        p += write_varint(p, r.hcount)
+        for j in range(r.h0, r.h0 + r.hcount):
+            p += write_varint(p, hdrs[j].kl)
+            if hdrs[j].kl > 0:
+                memcpy(p, hdrs[j].k, hdrs[j].kl)
+                p += hdrs[j].kl
+            p += write_varint(p, hdrs[j].vl)
+            if hdrs[j].vl > 0:
+                memcpy(p, hdrs[j].v, hdrs[j].vl)
+                p += hdrs[j].vl
     if p - base != total:
         raise AssertionError("segstore: encoded batch size mismatch")
     if codec:
         return bytes(_compress_batch(out, 0, total, codec, level))
     _finish_batch(out, 0, total)
-    return bytes(out)
+    return out
 
 
 def encode_batch(values, keys=None, headers=None, timestamps_ms=None, *, int64_t base_offset=0,

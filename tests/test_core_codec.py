@@ -38,7 +38,7 @@ from conftest import (batch_spans, check_columns, columns_tuples, fix_crc, guard
                       legacy_message, legacy_wrapper, rec_tuple, run_in_child, v2_header)
 from segstore import _core
 from segstore.columns import BinaryColumn
-from segstore.errors import CorruptRecordError
+from segstore.errors import CorruptRecordError, InvalidRecordError
 from segstore.records import ConsumerRecord, ControlRecordType
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = range(5)
@@ -1137,3 +1137,59 @@ def test_murmur3_digests_of_a_column_match_mmh3():
     assert [r.tobytes() for r in d] == want
     assert len(_core.distinct_digests(d)) == len(set(want))
     assert _core.murmur3_128_digests(BinaryColumn.from_pylist([None, None])).shape == (0, 2)
+
+
+# --- encode_batch's inputs: any sequence, typed errors ------------------------------------
+
+
+def _kp_records(data):
+    """(offset, timestamp, key, value) of every record, parsed by kafka-python (CRC checked)."""
+    records = KpMemoryRecords(bytes(data))
+    out = []
+    while records.has_next():
+        batch = records.next_batch()
+        assert batch.validate_crc()
+        out += [(r.offset, r.timestamp, r.key, r.value) for r in batch]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "generator", "ndarray"])
+def test_encode_batch_takes_any_sequence_of_values_keys_and_timestamps(kind):
+    values = [b"v%d" % i for i in range(50)]
+    keys = [None if i % 7 == 0 else b"k%d" % i for i in range(50)]
+    stamps = [1_700_000_000_000 + 3 * i for i in range(50)]
+    conv = {"list": list, "tuple": tuple, "generator": lambda xs: (x for x in xs),
+            "ndarray": lambda xs: np.array(xs, dtype=object)}[kind]
+    ts_in = np.array(stamps, dtype=np.int64) if kind == "ndarray" else conv(stamps)
+    data = _core.encode_batch(conv(values), conv(keys), timestamps_ms=ts_in, base_offset=10)
+    assert type(data) is bytes
+    assert _kp_records(data) == [(10 + i, stamps[i], keys[i], values[i]) for i in range(50)]
+
+
+def test_encode_batch_rejects_bad_inputs_with_typed_errors():
+    with pytest.raises(InvalidRecordError, match="values must be a sequence"):
+        _core.encode_batch(42)
+    with pytest.raises(InvalidRecordError, match="keys must be a sequence"):
+        _core.encode_batch([b"a"], 7)
+    with pytest.raises(InvalidRecordError, match="2 keys for 1 values"):
+        _core.encode_batch([b"a"], [b"k", b"j"])
+    with pytest.raises(InvalidRecordError, match="3 timestamps for 2 values"):
+        _core.encode_batch([b"a", b"b"], timestamps_ms=[1, 2, 3])
+    with pytest.raises(InvalidRecordError, match="timestamp 1 must be an int"):
+        _core.encode_batch([b"a", b"b"], timestamps_ms=[1, "2"])
+    with pytest.raises(InvalidRecordError, match="timestamp 0 must be an int"):
+        _core.encode_batch([b"a"], timestamps_ms=[1 << 70])
+    with pytest.raises(InvalidRecordError, match="value 1 must be bytes-like"):
+        _core.encode_batch([b"a", 5])
+    with pytest.raises(InvalidRecordError, match="at least one record"):
+        _core.encode_batch([])
+
+
+def test_encode_batch_output_is_a_fresh_bytes_object_each_call():
+    """The batch is written into the bytes object returned: two calls never share one, and
+    neither changes after the other is made."""
+    a = _core.encode_batch([b"x" * 100], [b"k"], timestamps_ms=5)
+    snapshot = bytes(bytearray(a))
+    b = _core.encode_batch([b"y" * 100], [b"k"], timestamps_ms=5)
+    assert a is not b and a == snapshot and a != b
+    assert _kp_records(b) == [(0, 5, b"k", b"y" * 100)]
