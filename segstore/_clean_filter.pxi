@@ -314,14 +314,20 @@ cdef class BatchFilter:
     batches, compressed and legacy batches come back to the caller, which decides their
     retention mode (transactions, active producers) and calls ``filter_one``. Rebuilt batches
     are left with CRC 0: the caller fills CRCs with ``finish_crcs``.
+
+    The filter looks keys up in a copy of the map's header taken when it is made (the same
+    entries, its own lookup counters), so filters over one map may run on several threads at
+    once; the map must not change while they are in use (a round builds it first).
     """
     cdef FilterCore fc
     cdef OffsetMap omap
+    cdef MapCore mc
 
     def __cinit__(self, OffsetMap omap, int64_t now, int64_t delete_retention_ms,
                   int64_t upper_bound):
         memset(&self.fc, 0, sizeof(FilterCore))
         self.omap = omap
+        self.mc = omap.m
         self.fc.now = now
         self.fc.new_horizon = now + delete_retention_ms if delete_retention_ms < INT64_MAX_C - now \
             else INT64_MAX_C
@@ -362,7 +368,7 @@ cdef class BatchFilter:
         if op < 0 or op > ov.shape[0]:
             raise ValueError("out_pos outside the output buffer")
         with nogil:
-            st = _filter_run(&self.omap.m, &self.fc, _ptr(view), &pos, e, &ov[0], &op,
+            st = _filter_run(&self.mc, &self.fc, _ptr(view), &pos, e, &ov[0], &op,
                              ov.shape[0])
         if st == ST_END:
             return (FILTER_DONE, pos, op)
@@ -415,7 +421,7 @@ cdef class BatchFilter:
         cdef bint rebuilt
         self.fc.ahead = self.fc.ahead_end = NULL
         with nogil:
-            st = _filter_batch(&self.omap.m, &self.fc, &h, _ptr(view) + pos, rb, rstart, rend,
+            st = _filter_batch(&self.mc, &self.fc, &h, _ptr(view) + pos, rb, rstart, rend,
                                mode, discard_records, marker_for_empty_txn, &ov[0], &op,
                                ov.shape[0], &rebuilt)
         if st == ST_OUTPUT_FULL:

@@ -237,9 +237,13 @@ class OffsetMap:
     def collision_rate(self) -> float: ...
     def put(self, key: Buffer, offset: int, value: int = 0) -> None:
         """Map key to offset; OverflowError when every slot is taken."""
+    def merge_from(self, later: "OffsetMap") -> None:
+        """Put every entry of ``later`` (an offset-strategy map built over records that all
+        come after this map's) into this map; counters add up, the latest offset is the larger.
+        OverflowError when the union does not fit."""
     def get(self, key: Buffer) -> int:
         """The mapped offset, or -1."""
-    def clear(self) -> None: ...
+    def clear(self, table_hint: int = 0, keep_pages: bool = False) -> None: ...
     @property
     def table_slots(self) -> int:
         """Slots probed now: 65,536 (or ``slots`` if fewer) after a clear, doubling whenever

@@ -192,6 +192,37 @@ cdef inline int _map_put_from(MapCore* m, uint64_t h1, uint64_t h2, int64_t slot
         slot = _probe_slot(m, h1, h2, attempt)
 
 
+cdef int _map_merge(MapCore* m, const MapCore* src) noexcept nogil:
+    """Put every entry of ``src`` into ``m``, overwriting equal digests: ``src`` must have
+    been built over records that all come after those of ``m``. Entries are taken in slot
+    order, a group at a time, the group's slots computed and prefetched first (as _map_grow
+    re-places them)."""
+    cdef int64_t i = 0, g, k
+    cdef int64_t gi[MAP_GROUP]
+    cdef int64_t gs[MAP_GROUP]
+    cdef const uint64_t* e
+    cdef int st
+    while i < src.table:
+        st = _map_reserve(m, MAP_GROUP)   # before the slots are computed for this table
+        if st != ST_OK:
+            return st
+        g = 0
+        while i < src.table and g < MAP_GROUP:
+            e = src.mem + i * src.words
+            if not (e[0] == 0 and e[1] == 0 and e[2] == 0):
+                gi[g] = i
+                gs[g] = _probe_slot(m, e[0], e[1], 0)
+                SEGSTORE_PREFETCH(m.mem + gs[g] * m.words)
+                g += 1
+            i += 1
+        for k in range(g):
+            e = src.mem + gi[k] * src.words
+            st = _map_put_from(m, e[0], e[1], gs[k], <int64_t>e[2], 0, False)
+            if st != ST_OK:
+                return st
+    return ST_OK
+
+
 cdef inline int64_t _map_get(MapCore* m, uint64_t h1, uint64_t h2) noexcept nogil:
     return _map_get_from(m, h1, h2, _probe_slot(m, h1, h2, 0))
 
@@ -343,21 +374,49 @@ cdef class OffsetMap:
         if st == ST_NO_MEMORY:
             raise MemoryError("growing the offset map's probed table")
 
+    def merge_from(self, OffsetMap later) -> None:
+        """Put every entry of ``later`` into this map, as if its records had been mapped here
+        after this map's own: ``later`` must be an offset-strategy map built over records that
+        all come after this map's (a map build split in two halves, mapped at once). The
+        lookup and probe counters add up ``later``'s, as if each key had been looked up where
+        it was read; the latest offset becomes the larger of the two. OverflowError when this
+        map cannot hold the union (nothing is undone: clear it)."""
+        if self.m.strategy != STRATEGY_OFFSET or later.m.strategy != STRATEGY_OFFSET:
+            raise ValueError("only offset-strategy maps merge (a strategy compares values)")
+        if later is self:
+            raise ValueError("a map cannot merge into itself")
+        cdef int64_t lookups = self.m.lookups, probes = self.m.probes
+        cdef int64_t latest = max(self.m.latest_offset, later.m.latest_offset)
+        cdef int st
+        self._dirty = True
+        with nogil:
+            st = _map_merge(&self.m, &later.m)
+        self.m.lookups = lookups + later.m.lookups
+        self.m.probes = probes + later.m.probes
+        self.m.latest_offset = latest
+        if st == ST_MAP_FULL:
+            raise OverflowError(f"the offset map is full ({self.m.slots} slots)")
+        if st == ST_NO_MEMORY:
+            raise MemoryError("growing the offset map's probed table")
+
     def get(self, key) -> int:
         """The offset mapped for ``key``, or -1."""
         cdef uint64_t h1, h2
         self._digest(key, &h1, &h2)
         return _map_get(&self.m, h1, h2)
 
-    def clear(self, int64_t table_hint=0) -> None:
-        """Zero the buffer and the counters; latest offset -1.
+    def clear(self, int64_t table_hint=0, bint keep_pages=False) -> None:
+        """Zero the buffer and the counters; latest offset -1. The touched pages are given
+        back to the OS, or with ``keep_pages`` zeroed in place and kept.
 
         The probed table starts again at 65,536 slots, or, with ``table_hint``, at the first
         size of its growth sequence that reaches ``table_hint`` slots (a cleaner passes the
         size a partition's last round grew to, so a round like the last one skips the growth
         steps and their re-placing of every entry)."""
         cdef int64_t new
-        if self._dirty:
+        if self._dirty and keep_pages:
+            memset(self.m.mem, 0, <size_t>self.m.table * <size_t>self.m.words * 8)
+        elif self._dirty:
             # Dropping the pages zeroes them (private anonymous memory) at the cost of only
             # the pages the map touched, and gives the memory back between rounds.
             self._array.madvise(_mmap.MADV_DONTNEED)

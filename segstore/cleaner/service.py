@@ -78,7 +78,10 @@ class LogCleaner:
                                        float(self.config["log.cleaner.io.buffer.load.factor"]),
                                        strategy, header)
                 io = int(self.config["log.cleaner.io.buffer.size"]) // self.num_threads // 2
-                worker = Cleaner(thread_id, omap, io, self.throttler, self.clock)
+                # One cleaner thread may borrow a second core for its map build; several
+                # threads use the cores themselves (cleaner/map_helper.py).
+                worker = Cleaner(thread_id, omap, io, self.throttler, self.clock,
+                                 map_helper=self.num_threads == 1)
                 mine.clear()  # one map per thread: a strategy change replaces it
                 mine[key] = worker
         worker.check_done = self._check_done
@@ -105,6 +108,7 @@ class LogCleaner:
             self._on_demand_ids.discard(i)
             for worker in self._workers.get(i, {}).values():
                 worker.offset_map.clear()
+                worker.release_side_map()
 
     # -- one round --------------------------------------------------------------------------
     def clean_log(self, thread_id: int, ltc: LogToClean, now: Optional[int] = None,

@@ -1,0 +1,122 @@
+"""A second core for a lone cleaner thread (beyond Kafka).
+
+Kafka's cleaner thread builds its offset map and filters the segments alone. When a store
+runs one cleaner thread (Kafka's default) on a machine with a core to spare, a helper thread
+takes the later part of both phases (the compiled loops release the GIL, so both parts run at
+once):
+
+- the map: ``Cleaner.build_offset_map`` maps the later segments of the dirty section into a
+  side map while it maps the earlier ones into its own, then merges the side map in
+  (``OffsetMap.merge_from``: every later offset overwrites an earlier one, exactly as mapping
+  the segments in order would);
+- the filter: ``Cleaner.clean_groups`` lets a sibling Cleaner filter the later groups into
+  their ``.cleaned`` segments while it cleans the earlier ones, then swaps them in, in order.
+  Only groups whose batches are all plain (no producer id, control, codec or legacy format),
+  which the filter kernel decides without the transaction state or the active producers.
+
+The map is split only when the result cannot differ from one pass in order:
+
+- the offset strategy (a KIP-280 strategy compares values, and its clean-section pass must
+  follow the dirty one);
+- a dirty section of fewer offsets than the map's ``max_desired_size``: it holds fewer
+  records than that, so the map cannot fill, and Kafka's stopping point (the first key that
+  would overfill it) is never reached;
+- a later part whose offsets fit the side map the same way.
+
+With more than one cleaner thread configured the threads themselves use the cores, and at most
+one helper runs in a process at a time (a round that finds it busy maps in one pass).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+SIDE_MAP_BYTES = 32 << 20   # the side map's buffer: 1.4M slots, touched only as it fills
+MIN_BYTES = 16 << 20        # smaller dirty sections: a thread hand-off costs what it saves
+LATER_SHARE = 0.55          # of the bytes, at most, for the helper: the merge follows the
+                            # earlier part on the cleaner's own thread
+MIN_LATER_SHARE = 0.2       # a smaller later part is not worth the merge
+CHUNK_BYTES = 16 << 20      # mapped per call while both threads map (see Cleaner)
+
+_lock = threading.Lock()
+_pool: Optional[ThreadPoolExecutor] = None
+
+
+def spare_core() -> bool:
+    """Whether this process may run on more than one CPU."""
+    try:
+        return len(os.sched_getaffinity(0)) > 1
+    except AttributeError:  # not Linux
+        return (os.cpu_count() or 1) > 1
+
+
+def split_point(dirty: list, start: int, end: int, max_desired: int,
+                side_max_desired: int) -> Optional[int]:
+    """Index of the first dirty segment the helper maps, or None to map in one pass.
+
+    ``max_desired`` / ``side_max_desired``: the entries at which the cleaner's map and the
+    side map stop filling. The later part is the longest run of last segments holding at most
+    LATER_SHARE of the bytes whose offsets [base, end) fit the side map.
+    """
+    if len(dirty) < 2 or end - start >= max_desired:
+        return None
+    sizes = [s.size for s in dirty]
+    total = sum(sizes)
+    if total < MIN_BYTES:
+        return None
+    later, k = 0, len(dirty)
+    for i in range(len(dirty) - 1, 0, -1):
+        if later + sizes[i] > total * LATER_SHARE or end - dirty[i].base_offset >= side_max_desired:
+            break
+        later += sizes[i]
+        k = i
+    if later < total * MIN_LATER_SHARE:
+        return None
+    return k
+
+
+def filter_split_point(group_bytes: list) -> Optional[int]:
+    """Index of the first group (of cleaning's groups, by their bytes) the helper filters, or
+    None: the longest run of last groups holding at most LATER_SHARE of the bytes, if that is
+    MIN_LATER_SHARE or more."""
+    total = sum(group_bytes)
+    if len(group_bytes) < 2 or total < MIN_BYTES:
+        return None
+    later, k = 0, len(group_bytes)
+    for i in range(len(group_bytes) - 1, 0, -1):
+        if later + group_bytes[i] > total * LATER_SHARE:
+            break
+        later += group_bytes[i]
+        k = i
+    return k if later >= total * MIN_LATER_SHARE and k < len(group_bytes) else None
+
+
+def try_acquire() -> bool:
+    """Take the process's helper, if no other round has it."""
+    return _lock.acquire(blocking=False)
+
+
+def release() -> None:
+    _lock.release()
+
+
+def submit(fn, *args):
+    """Run ``fn(*args)`` on the helper thread (taken with :func:`try_acquire`)."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segstore-map-helper")
+    return _pool.submit(fn, *args)
+
+
+def _forget_pool() -> None:
+    # A forked child has the executor but not its thread, nor the lock's holder.
+    global _pool, _lock
+    _pool = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)

@@ -1,0 +1,395 @@
+"""The map helper (segstore/cleaner/map_helper.py): a lone cleaner thread maps the later part of
+the dirty section on a second thread into a side map, then merges it in.
+
+Oracles: the same map built in one pass in order (every key's offset, size, latest offset,
+counters, what was read), and the cleaned segment files of a round without the helper, byte
+for byte; the compaction oracle tests run again with the helper forced on small logs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import namedtuple
+
+import numpy as np
+import pytest
+
+import segstore
+import test_cleaner_oracle as oracle_tests
+from conftest import FakeClock
+from segstore import _core
+from segstore.cleaner import Cleaner, CleanerStats, Throttler, map_helper
+from segstore.cleaner.manager import segments_in_range
+from segstore.columns import BinaryColumn
+from segstore.errors import CleaningAbortedError
+
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture
+def helper_on_small_logs(monkeypatch):
+    """The helper takes any dirty section of two segments or more; counts its uses."""
+    monkeypatch.setattr(map_helper, "MIN_BYTES", 0)
+    uses = []
+    submit = map_helper.submit
+
+    def counting_submit(fn, *args):
+        uses.append(fn)
+        return submit(fn, *args)
+
+    monkeypatch.setattr(map_helper, "submit", counting_submit)
+    return uses
+
+
+# -- OffsetMap.merge_from ----------------------------------------------------------------------
+
+def _digest_keys(n, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.bytes(int(rng.integers(0, 40))) for _ in range(n)]
+
+
+def test_merge_equals_one_map_built_in_order():
+    keys = _digest_keys(3000)
+    rng = np.random.default_rng(2)
+    order = [keys[i] for i in rng.integers(0, len(keys), 20_000)]   # repeats: updates
+    whole = _core.OffsetMap(24 * 100_000)
+    early, late = _core.OffsetMap(24 * 100_000), _core.OffsetMap(24 * 50_000)
+    cut = 12_345
+    for off, k in enumerate(order):
+        whole.put(k, 1000 + off)
+        (early if off < cut else late).put(k, 1000 + off)
+    lookups, probes = early.lookups + late.lookups, early.probes + late.probes
+    early.merge_from(late)
+    assert (early.lookups, early.probes) == (lookups, probes)   # (get() counts lookups too)
+    assert early.size == whole.size == len(set(order))
+    assert early.latest_offset == whole.latest_offset == 1000 + len(order) - 1
+    assert all(early.get(k) == whole.get(k) for k in keys)
+    assert early.get(b"never put") == -1
+    assert late.size == len(set(order[cut:]))   # the merged map is left as it was
+
+
+def test_merge_grows_the_probed_table_and_keeps_the_larger_latest_offset():
+    big, small = _core.OffsetMap(24 * 1_000_000), _core.OffsetMap(24 * 1_000_000)
+    big.put(b"a", 5)
+    for i in range(200_000):                       # past the 65,536-slot first table
+        small.put(b"k%d" % i, 100 + i)
+    small.update_latest_offset(4)                  # smaller than big's: big's stays
+    before = big.table_slots
+    big.merge_from(small)
+    assert big.size == 200_001 and big.table_slots > before
+    assert big.get(b"a") == 5 and big.get(b"k199999") == 100 + 199_999
+    assert big.latest_offset == 5
+
+
+def test_merge_refuses_strategy_maps_itself_and_a_union_that_does_not_fit():
+    plain = _core.OffsetMap(24 * 100)
+    for strategy, header in (("timestamp", None), ("header", "v")):
+        other = _core.OffsetMap(32 * 100, strategy=strategy, header_key=header)
+        with pytest.raises(ValueError, match="offset-strategy"):
+            plain.merge_from(other)
+        with pytest.raises(ValueError, match="offset-strategy"):
+            other.merge_from(plain)
+    with pytest.raises(ValueError, match="itself"):
+        plain.merge_from(plain)
+    tiny, many = _core.OffsetMap(24 * 10), _core.OffsetMap(24 * 100)
+    for i in range(50):
+        many.put(b"x%d" % i, i)
+    with pytest.raises(OverflowError, match="full"):
+        tiny.merge_from(many)
+
+
+# -- where the dirty section is split ------------------------------------------------------------
+
+Seg = namedtuple("Seg", "base_offset size")
+
+
+def _segs(n, records=1000, size=1 << 20):
+    return [Seg(i * records, size) for i in range(n)]
+
+
+def test_split_point_takes_the_last_segments_up_to_the_later_share(monkeypatch):
+    monkeypatch.setattr(map_helper, "MIN_BYTES", 0)
+    segs = _segs(10)
+    k = map_helper.split_point(segs, 0, 10_000, 1_000_000, 1_000_000)
+    assert k == 5                    # 5 of 10 equal segments: 50% <= 55% < 60%
+    sizes = [s.size for s in segs]
+    assert sum(sizes[k:]) <= map_helper.LATER_SHARE * sum(sizes) < sum(sizes[k - 1:])
+
+
+def test_split_point_declines_what_could_change_the_result(monkeypatch):
+    monkeypatch.setattr(map_helper, "MIN_BYTES", 0)
+    segs = _segs(10)
+    # The dirty section holds as many offsets as the map's max_desired_size: it could fill.
+    assert map_helper.split_point(segs, 0, 10_000, 10_000, 1_000_000) is None
+    assert map_helper.split_point(segs, 0, 10_000, 10_001, 1_000_000) == 5
+    # The later part must fit the side map by its offsets: fewer than 3,000 here takes two
+    # segments (20% of the bytes, just enough); fewer than 2,000 one, which is too little.
+    assert map_helper.split_point(segs, 0, 10_000, 1_000_000, 3_000) == 8
+    assert map_helper.split_point(segs, 0, 10_000, 1_000_000, 2_000) is None
+    assert map_helper.split_point(segs[:1], 0, 1000, 1_000_000, 1_000_000) is None
+    monkeypatch.setattr(map_helper, "MIN_BYTES", 64 << 20)
+    assert map_helper.split_point(segs, 0, 10_000, 1_000_000, 1_000_000) is None
+
+
+def test_filter_split_point_takes_the_last_groups_up_to_the_later_share(monkeypatch):
+    monkeypatch.setattr(map_helper, "MIN_BYTES", 0)
+    assert map_helper.filter_split_point([10] * 10) == 5
+    assert map_helper.filter_split_point([10, 10, 10, 70]) is None   # the last is too large
+    assert map_helper.filter_split_point([50, 30, 20]) == 1          # 50% of the bytes
+    assert map_helper.filter_split_point([90, 5, 5]) is None         # 10%: not worth it
+    assert map_helper.filter_split_point([100]) is None
+    monkeypatch.setattr(map_helper, "MIN_BYTES", 1000)
+    assert map_helper.filter_split_point([10] * 10) is None
+
+
+# -- a map build and a round with and without the helper ---------------------------------------
+
+def _store(root, clock, n_records=60_000, n_keys=5_000, seed=3, gzip=True, **topic):
+    store = segstore.open(str(root), clock=clock)
+    config = {"cleanup.policy": "compact", "segment.bytes": 200_000, "delete.retention.ms": 0,
+              "min.cleanable.dirty.ratio": 0.0, **topic}
+    store.create_topic("t", 1, config=config)
+    lg = store.partition("t", 0)
+    rng = np.random.default_rng(seed)
+    for lo in range(0, n_records, 5_000):
+        idx = rng.integers(0, n_keys, 5_000)
+        keys = [b"key-%d" % i if i % 97 else None for i in idx]          # some keyless
+        values = [None if i % 13 == 0 else b"v%d-%d" % (i, lo) for i in idx]  # tombstones
+        lg.append_batch(values, keys=keys, timestamps_ms=[clock.now] * len(idx),
+                        compression="gzip" if gzip and lo % 20_000 == 0 else None)
+        clock.advance(10)
+    lg.roll()
+    return store, lg
+
+
+def _cleaner(helper):
+    c = Cleaner(0, _core.OffsetMap(24 * 200_000), 1 << 20, Throttler(float("inf")), lambda: T0)
+    c.map_helper = helper
+    return c
+
+
+def _build(cleaner, lg):
+    end = lg.segments[-1].base_offset
+    stats = CleanerStats()
+    cleaner.build_offset_map(lg, 0, end, stats)
+    return stats
+
+
+def test_map_build_with_the_helper_equals_one_pass(tmp_path, helper_on_small_logs):
+    store, lg = _store(tmp_path / "s", FakeClock(T0))
+    try:
+        one, two = _cleaner(False), _cleaner(True)
+        s1, s2 = _build(one, lg), _build(two, lg)
+        assert len(helper_on_small_logs) == 1
+        m1, m2 = one.offset_map, two.offset_map
+        assert m2.lookups == m1.lookups   # every key read counted once, either way
+        assert (m2.size, m2.latest_offset) == (m1.size, m1.latest_offset)
+        assert all(m2.get(b"key-%d" % i) == m1.get(b"key-%d" % i) for i in range(5_000))
+        assert (s2.map_messages_read, s2.map_bytes_read) == (s1.map_messages_read,
+                                                              s1.map_bytes_read)
+        assert two._crc_checked == one._crc_checked
+        # The helper is free again; the side map keeps its pages until released.
+        assert map_helper.try_acquire()
+        map_helper.release()
+        assert two._side_map.size > 0
+        two.release_side_map()
+        assert two._side_map.size == 0
+    finally:
+        store.close()
+
+
+def _log_files(lg):
+    out = {}
+    for seg in lg.segments:
+        with open(seg.log_path, "rb") as f:
+            out[os.path.basename(seg.log_path)] = f.read()
+    return out
+
+
+def test_a_round_with_the_helper_writes_the_same_segments(tmp_path, helper_on_small_logs):
+    results = []
+    for helper in (False, True):
+        clock = FakeClock(T0)
+        store, lg = _store(tmp_path / f"s{helper}", clock)
+        try:
+            store.cleaner.worker(-1, lg).map_helper = helper
+            stats = store.compact("t", 0, force=True, now_ms=clock.now)
+            results.append((_log_files(lg), [(s.messages_read, s.messages_written)
+                                             for s in stats]))
+        finally:
+            store.close()
+    assert len(helper_on_small_logs) >= 1
+    assert results[0] == results[1]
+
+
+def _round(root, helper, **kw):
+    """One forced round of a fresh store; (log files, per-round counts, cleaned dir names)."""
+    clock = FakeClock(T0)
+    store, lg = _store(root, clock, **kw)
+    try:
+        store.cleaner.worker(-1, lg).map_helper = helper
+        stats = store.compact("t", 0, force=True, now_ms=clock.now)
+        leftovers = sorted(n for n in os.listdir(lg.directory)
+                           if n.endswith((".cleaned", ".swap")))
+        return (_log_files(lg), [(s.messages_read, s.messages_written, s.bytes_read,
+                                  s.bytes_written, s.segments_cleaned, s.segments_written)
+                                 for s in stats], leftovers)
+    finally:
+        store.close()
+
+
+def _helper_filtered(uses) -> int:
+    return sum(getattr(fn, "__name__", "") == "write_cleaned_groups" for fn in uses)
+
+
+def test_the_helper_filters_later_plain_groups_to_the_same_bytes(tmp_path,
+                                                                 helper_on_small_logs):
+    without = _round(tmp_path / "a", False, gzip=False)
+    with_helper = _round(tmp_path / "b", True, gzip=False)
+    assert _helper_filtered(helper_on_small_logs) == 1
+    assert with_helper == without and without[2] == []
+
+
+def test_groups_with_batches_the_kernel_cannot_decide_are_not_split(tmp_path,
+                                                                   helper_on_small_logs):
+    """Compressed batches in the later groups (as transactional or producer batches would):
+    the filter is not split (the map still may be), and the bytes are the same."""
+    without = _round(tmp_path / "a", False, n_records=60_000, gzip=True)
+    with_helper = _round(tmp_path / "b", True, n_records=60_000, gzip=True)
+    assert _helper_filtered(helper_on_small_logs) == 0
+    assert with_helper == without
+
+
+def _failing_in_helper(monkeypatch, method):
+    """Make Cleaner.<method> raise when it runs on the helper thread."""
+    real = getattr(Cleaner, method)
+    main = threading.get_ident()
+
+    def failing(self, *a, **k):
+        if threading.get_ident() != main:
+            raise OSError("disk full (injected) on the helper")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Cleaner, method, failing)
+
+
+@pytest.mark.parametrize("where", ["helper", "main"])
+def test_a_failed_split_round_leaves_the_log_as_it_was(tmp_path, monkeypatch,
+                                                       helper_on_small_logs, where):
+    """An error on either thread fails the round: no .cleaned file stays, every segment the
+    round did not swap in is untouched, and the next round cleans as one without the split
+    would."""
+    clock = FakeClock(T0)
+    store, lg = _store(tmp_path / "s", clock, gzip=False)
+    try:
+        before, want = _log_files(lg), _table(lg)
+        if where == "helper":
+            _failing_in_helper(monkeypatch, "write_cleaned")
+        else:
+            real = Cleaner.write_cleaned
+            calls = []
+
+            def failing_second(self, *a, **k):
+                if threading.get_ident() == threading.main_thread().ident:
+                    calls.append(1)
+                    if len(calls) == 2:
+                        raise OSError("disk full (injected) on the cleaner thread")
+                return real(self, *a, **k)
+
+            monkeypatch.setattr(Cleaner, "write_cleaned", failing_second)
+        with pytest.raises(OSError, match="injected"):
+            store.cleaner.clean_log(-1, store.cleaner_manager.grab_log(lg.topic_partition,
+                                                                       clock.now, force=True),
+                                    clock.now, raise_errors=True)
+        assert _helper_filtered(helper_on_small_logs) == 1
+        names = os.listdir(lg.directory)
+        assert not [n for n in names if n.endswith((".cleaned", ".swap"))], names
+        after = _log_files(lg)
+        # The helper's groups (the later half) were never swapped in: byte for byte as before.
+        later = sorted(before)[len(before) // 2:]
+        assert all(after.get(n) == before[n] for n in later), later
+        assert _table(lg) == want          # nothing lost: swapped groups are whole
+        monkeypatch.undo()
+        stats = store.compact("t", 0, force=True, now_ms=clock.now)
+        assert stats and stats[0].segments_cleaned > 0
+        assert _table(lg) == want
+    finally:
+        store.close()
+
+
+def _table(lg) -> dict:
+    """key -> value of every key whose last record is not a tombstone (a replay)."""
+    last = {}
+    for r in lg.iter_records():
+        if r.key is not None:
+            last[r.key] = r.value
+    return {k: v for k, v in last.items() if v is not None}
+
+
+def test_a_busy_helper_means_one_pass(tmp_path, helper_on_small_logs):
+    store, lg = _store(tmp_path / "s", FakeClock(T0))
+    try:
+        one, two = _cleaner(False), _cleaner(True)
+        _build(one, lg)
+        assert map_helper.try_acquire()       # another round has the helper
+        try:
+            _build(two, lg)
+        finally:
+            map_helper.release()
+        assert helper_on_small_logs == []
+        assert two.offset_map.size == one.offset_map.size
+        assert all(two.offset_map.get(b"key-%d" % i) == one.offset_map.get(b"key-%d" % i)
+                   for i in range(5_000))
+    finally:
+        store.close()
+
+
+def test_an_abort_seen_by_the_helper_stops_the_build(tmp_path, helper_on_small_logs):
+    """check_done raising on the helper thread fails the build on the cleaner's thread, after
+    both halves stopped; the helper is free and the side map empty afterwards."""
+    store, lg = _store(tmp_path / "s", FakeClock(T0))
+    try:
+        c = _cleaner(True)
+        main = threading.get_ident()
+
+        def check_done(tp):
+            if threading.get_ident() != main:
+                raise CleaningAbortedError("aborted while the helper maps")
+
+        c.check_done = check_done
+        with pytest.raises(CleaningAbortedError, match="helper maps"):
+            _build(c, lg)
+        assert len(helper_on_small_logs) == 1
+        assert map_helper.try_acquire()
+        map_helper.release()
+        c.check_done = lambda tp: None
+        _build(c, lg)                          # the next round maps normally
+        assert c.offset_map.size > 0
+    finally:
+        store.close()
+
+
+def test_only_a_lone_cleaner_thread_takes_the_helper(tmp_path):
+    for threads, expected in ((1, map_helper.spare_core()), (2, False)):
+        store = segstore.open(str(tmp_path / f"s{threads}"),
+                              config={"log.cleaner.threads": threads})
+        try:
+            store.create_topic("t", 1, config={"cleanup.policy": "compact"})
+            lg = store.partition("t", 0)
+            assert store.cleaner.worker(0, lg).map_helper is expected
+        finally:
+            store.close()
+
+
+def test_oracle_workloads_with_the_helper(tmp_path_factory, helper_on_small_logs):
+    """The compaction oracle (replay, byte-identical records, horizons, kafka-python) with the
+    helper taking every dirty section it may (a few to a few dozen rounds per run, as the
+    examples drawn allow; the tests above take it deterministically)."""
+    oracle_tests.test_random_workloads_against_a_replay(tmp_path_factory)
+
+
+def test_transactional_oracle_with_the_helper(tmp_path_factory, helper_on_small_logs):
+    """The transactional oracle with the helper allowed (few of these workloads roll often
+    enough to take it)."""
+    oracle_tests.test_transactional_workloads_against_a_committed_replay(tmp_path_factory)
