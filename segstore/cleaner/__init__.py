@@ -1,8 +1,10 @@
 """The log cleaner (compaction), mirroring Kafka's LogCleaner (REF §6).
 
 ``manager`` (LogCleanerManager: ranges, ratios, selection, states, checkpoints), ``cleaner``
-(Cleaner: map, group, filter, swap), ``service`` (LogCleaner: threads and metrics), ``stats``
-(CleanerStats and Kafka's summary), ``transactions`` (CleanedTransactionMetadata), ``throttler``.
+(Cleaner: group, filter, swap), ``map_build`` (the offset map build of a round),
+``map_helper`` (a second core for a lone cleaner thread), ``service`` (LogCleaner: threads and
+metrics), ``stats`` (CleanerStats and Kafka's summary), ``transactions``
+(CleanedTransactionMetadata), ``throttler``.
 The offset map and the filter kernel are in ``segstore._core`` (OffsetMap, BatchFilter).
 """
 

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from .. import _core
-from ..cleaner.cleaner import dedupe_buffer_for
+from ..cleaner.map_build import dedupe_buffer_for
 from ..cleaner.service import MAX_MAP_BYTES  # one thread's map is a Java array in Kafka
 from ..columns import BinaryColumn
 from ..config import StoreConfig
