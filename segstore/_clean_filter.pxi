@@ -446,6 +446,32 @@ cdef extern from "sys/mman.h" nogil:
     int _CLEAN_MADV_DONTNEED "MADV_DONTNEED"
 
 
+def plain_batches(buf, Py_ssize_t start=0, end=None):
+    """Walk the batch headers of ``buf[start:end]`` (no CRCs, nothing allocated) while every
+    batch is *plain*: magic 2, no codec, not control or transactional, no producer id (what
+    ``BatchFilter.run`` decides without the caller). Returns ``(position, plain)``: where the
+    walk stopped, and False when it stopped at a batch that is not plain or damaged; True at
+    ``end`` or at a batch running past it (``position`` = that batch's start)."""
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end), pos = start
+    cdef const uint8_t* b = _ptr(view)
+    cdef BatchHeader h
+    cdef int st = ST_OK
+    cdef bint plain = True
+    with nogil:
+        while True:
+            st = scan_one(b, pos, e, &h)
+            if st != ST_OK:
+                plain = st == ST_END
+                break
+            if (h.magic != 2 or (h.attributes & (ATTR_CODEC | ATTR_CONTROL | ATTR_TRANSACTIONAL))
+                    or h.producer_id >= 0):
+                plain = False
+                break
+            pos += h.size
+    return pos, plain
+
+
 def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
     """Drop this process's page-table entries for the pages of the file mapping ``buf`` that
     hold ``buf[start:end]`` (the page cache keeps the data; a later touch maps it again).

@@ -289,6 +289,15 @@ class BatchFilter:
     def count_legacy(self, messages: int, size: int, written_messages: int, written_bytes: int,
                      max_offset: int, invalid: int) -> None: ...
 
+def plain_batches(buf: Buffer, start: int = 0, end: Optional[int] = None) -> tuple[int, bool]:
+    """Walk batch headers while every batch is plain (magic 2, no codec, not control or
+    transactional, no producer id); ``(position, plain)``: False at a batch that is not plain
+    or is damaged, True at ``end`` or at a batch running past it."""
+
+def release_pages(buf: Buffer, start: int, end: int) -> None:
+    """Drop this process's page-table entries for the pages of the file mapping ``buf`` that
+    hold ``buf[start:end]`` (without the GIL; ``buf`` must be an ``mmap.mmap``)."""
+
 def finish_crcs(out: bytearray, start: int, end: int) -> None:
     """Fill the CRC of every batch in out[start:end] whose CRC field is 0."""
 

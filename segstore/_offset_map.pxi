@@ -407,20 +407,19 @@ cdef class OffsetMap:
 
     def clear(self, int64_t table_hint=0, bint keep_pages=False) -> None:
         """Zero the buffer and the counters; latest offset -1. The touched pages are given
-        back to the OS, or with ``keep_pages`` zeroed in place and kept.
+        back to the OS; or, with ``keep_pages``, zeroed in place and kept, and the table to be
+        probed first is faulted in now, by the calling thread.
 
         The probed table starts again at 65,536 slots, or, with ``table_hint``, at the first
         size of its growth sequence that reaches ``table_hint`` slots (a cleaner passes the
         size a partition's last round grew to, so a round like the last one skips the growth
         steps and their re-placing of every entry)."""
-        cdef int64_t new
-        if self._dirty and keep_pages:
-            memset(self.m.mem, 0, <size_t>self.m.table * <size_t>self.m.words * 8)
-        elif self._dirty:
+        cdef int64_t new, old_table = self.m.table, zeroed
+        if self._dirty and not keep_pages:
             # Dropping the pages zeroes them (private anonymous memory) at the cost of only
             # the pages the map touched, and gives the memory back between rounds.
             self._array.madvise(_mmap.MADV_DONTNEED)
-        self._dirty = False
+            self._dirty = False
         self.m.entries = self.m.lookups = self.m.probes = 0
         self.m.latest_offset = -1
         self.m.table = min(self.m.slots, INITIAL_TABLE)
@@ -430,6 +429,11 @@ cdef class OffsetMap:
             if <size_t>self.m.table * <size_t>self.m.words * 16 > GROW_SCRATCH_MAX:
                 new = self.m.slots
             self.m.table = new
+        if keep_pages:
+            # Zero what was used and fault in the table about to be probed, on this thread.
+            zeroed = max(old_table, self.m.table) if self._dirty else self.m.table
+            memset(self.m.mem, 0, <size_t>zeroed * <size_t>self.m.words * 8)
+            self._dirty = True
 
     @property
     def table_slots(self) -> int:

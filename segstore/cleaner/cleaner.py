@@ -182,25 +182,20 @@ class Cleaner(OffsetMapBuild):
 
         filt = new_filter()
         k = self._filter_split(groups)
-        if k is None or not map_helper_mod.try_acquire():
+        later = None
+        if k is not None and map_helper_mod.try_acquire():
+            try:
+                later_filt = new_filter()
+                later = self._clean_split(lg, groups, k, filt, later_filt, txn, now,
+                                          legacy_horizon, upper, truncations, stats)
+            finally:
+                self._sibling_cleaner = None   # and its output buffer: kept by no round
+                map_helper_mod.release()
+        if later is None:
             for group in groups:
                 self.clean_segments(lg, group, filt, txn, now, legacy_horizon, upper,
                                     truncations, stats)
             return [filt]
-        sibling, later_filt = self._sibling(), new_filter()
-        try:
-            fut = map_helper_mod.submit(sibling.write_cleaned_groups, lg, groups[k:],
-                                        later_filt, now, legacy_horizon, upper)
-            try:
-                for group in groups[:k]:
-                    self.clean_segments(lg, group, filt, txn, now, legacy_horizon, upper,
-                                        truncations, stats)
-            except BaseException:
-                _discard_cleaned(fut)
-                raise
-            later = fut.result()   # the helper's errors surface here
-        finally:
-            map_helper_mod.release()
         for i, (cleaned, group) in enumerate(zip(later, groups[k:])):
             try:
                 self.swap_in(lg, cleaned, group, truncations, stats)
@@ -211,25 +206,72 @@ class Cleaner(OffsetMapBuild):
                 raise
         return [filt, later_filt]
 
+    def _clean_split(self, lg, groups: list, k: int, filt, later_filt, txn, now: int,
+                     legacy_horizon: int, upper: int, truncations: int,
+                     stats: CleanerStats) -> Optional[list]:
+        """Groups [0, k) cleaned and swapped in here while the helper writes the cleaned
+        segments of groups [k, n); those segments (not swapped in), or None when the helper
+        could not start (nothing done). On any error, none of the helper's files is left."""
+        sibling = self._sibling_cleaner = Cleaner(
+            self.thread_id, self.offset_map, self.chunk_size, self.throttler, self.clock,
+            map_helper=False)
+        sibling._crc_checked = self._crc_checked
+
+        def write_later(check):
+            def check_done(tp):
+                check()
+                self.check_done(tp)
+            sibling.check_done = check_done
+            return sibling.write_cleaned_groups(lg, groups[k:], later_filt, now,
+                                                legacy_horizon, upper)
+
+        job = map_helper_mod.start(write_later)
+        if job is None:
+            return None
+        failure = None
+        try:
+            for group in groups[:k]:
+                self.clean_segments(lg, group, filt, txn, now, legacy_horizon, upper,
+                                    truncations, stats)
+        except BaseException as e:
+            failure = e
+            job.cancel()
+        later, error, interrupt = job.finish()   # the helper never outlives the round
+        first = failure or interrupt or error
+        if first is not None:
+            for c in later or ():
+                c.close()
+                c.delete_files()
+            raise first
+        return later
+
     def _filter_split(self, groups: list) -> Optional[int]:
         """Index of the first group the helper filters, or None."""
         if not self.map_helper or len(groups) < 2:
             return None
         k = map_helper_mod.filter_split_point([sum(s.size for s in g) for g in groups])
-        if k is None or not all(_plain_segment(seg) for g in groups[k:] for seg in g):
+        if k is None or not all(self._plain_segment(seg) for g in groups[k:] for seg in g):
             return None
         return k
 
-    def _sibling(self) -> "Cleaner":
-        """A Cleaner sharing this one's map, throttle and checks, with its own output buffer."""
-        sib = getattr(self, "_sibling_cleaner", None)
-        if sib is None:
-            sib = self._sibling_cleaner = Cleaner(self.thread_id, self.offset_map,
-                                                  self.chunk_size, self.throttler, self.clock,
-                                                  map_helper=False)
-        sib.check_done = self.check_done
-        sib._crc_checked = self._crc_checked
-        return sib
+    def _plain_segment(self, seg) -> bool:
+        """Whether every batch of ``seg`` is plain (``_core.plain_batches``), walked a chunk at
+        a time, each chunk's pages dropped after it (as the filter will read it)."""
+        size = seg.size
+        if size == 0:
+            return True
+        mm = seg.buffer(size)
+        pos = 0
+        while pos < size:
+            stop, plain = _core.plain_batches(mm, pos, min(pos + self.chunk_size, size))
+            if stop == pos and plain:   # a batch larger than the chunk
+                stop, plain = _core.plain_batches(mm, pos, self._next_batch_end(seg, mm, pos,
+                                                                                size))
+            _release(mm, pos, stop)
+            if not plain or stop == pos:
+                return False
+            pos = stop
+        return True
 
     def write_cleaned_groups(self, lg, groups: list, filt, now: int, legacy_horizon: int,
                              upper: int) -> list:
@@ -462,28 +504,6 @@ class Cleaner(OffsetMapBuild):
         filt.count_legacy(len(recs), size, len(kept), len(data),
                           kept[-1].offset if kept else -1, invalid)
         return op + len(data)
-
-
-def _plain_segment(seg) -> bool:
-    """Whether every batch of ``seg`` is one the filter kernel decides alone: magic 2, no
-    codec, not control or transactional, no producer id (a header walk, no CRCs)."""
-    if seg.size == 0:
-        return True
-    b = seg.scan(validate_crc=False, raise_on_corrupt=False).batches
-    return bool(((b["magic"] == 2) & ((b["attributes"] & (ATTR_CODEC | ATTR_TRANSACTIONAL
-                                                           | ATTR_CONTROL)) == 0)
-                 & (b["producer_id"] < 0)).all())
-
-
-def _discard_cleaned(fut) -> None:
-    """Wait for the helper's groups after an error here, and delete what it wrote."""
-    try:
-        cleaned = fut.result()
-    except BaseException:
-        return   # it deleted its own files; the error here is the one raised
-    for c in cleaned:
-        c.close()
-        c.delete_files()
 
 
 def _wall_ms() -> int:

@@ -109,46 +109,53 @@ class OffsetMapBuild:
                                        side.max_desired_size)
         if k is None or not map_helper_mod.try_acquire():
             return False
+        try:
+            return self._map_split(tp, dirty, k, start, end, aborted, stats, side)
+        finally:
+            side.clear()   # merged or not: its pages go back to the OS
+            map_helper_mod.release()
+
+    def _map_split(self, tp, dirty: list, k: int, start: int, end: int, aborted,
+                   stats: CleanerStats, side) -> bool:
+        omap = self.offset_map
         # Larger chunks while two threads map: each chunk's pages are dropped with a TLB
         # flush that interrupts the other thread (4 MiB chunks: 19 - 20 ms, 32 MiB: 16 - 17 ms
         # for the 1M-record benchmark section).
         chunk = max(self.chunk_size, map_helper_mod.CHUNK_BYTES)
+        # Zeroed and faulted in here, on this thread: when the helper faulted the side map's
+        # pages in itself, its first segment stalled 10 - 15 ms in one build of three.
+        side.clear(self._table_hint.get((tp, "later"), 0), keep_pages=True)
+        later = CleanerStats()
+
+        def map_later(check):
+            for seg in dirty[k:]:
+                check()
+                self.check_done(tp)
+                if self._map_segment(seg, start, aborted, later, omap=side, chunk=chunk):
+                    raise AssertionError("the side map filled: its offsets were bounded")
+
+        job = map_helper_mod.start(map_later)
+        if job is None:
+            return False
+        failure = None
         try:
-            # Zeroed in place, its pages kept: a side map whose pages were dropped and are
-            # faulted back in by the helper thread stalled the helper's first segment by
-            # 10 - 15 ms in one build of three here (the cleaner's own map does not).
-            side.clear(self._table_hint.get((tp, "later"), 0), keep_pages=True)
-            later = CleanerStats()
-
-            def map_later():
-                for seg in dirty[k:]:
-                    self.check_done(tp)
-                    if self._map_segment(seg, start, aborted, later, omap=side, chunk=chunk):
-                        raise AssertionError("the side map filled: its offsets were bounded")
-
-            fut = map_helper_mod.submit(map_later)
-            try:
-                for seg in dirty[:k]:
-                    self.check_done(tp)
-                    if self._map_segment(seg, start, aborted, stats, chunk=chunk):
-                        raise AssertionError("the offset map filled: its offsets were bounded")
-            finally:
-                error = fut.exception()   # waits: the helper never outlives the round's map
-            if error is not None:
-                raise error
-            self._table_hint[(tp, "later")] = side.table_slots
-            omap.merge_from(side)
-            omap.update_latest_offset(end - 1)   # as the last segment of one pass leaves it
-            stats.map_messages_read += later.map_messages_read
-            stats.map_bytes_read += later.map_bytes_read
-        finally:
-            map_helper_mod.release()
+            for seg in dirty[:k]:
+                self.check_done(tp)
+                if self._map_segment(seg, start, aborted, stats, chunk=chunk):
+                    raise AssertionError("the offset map filled: its offsets were bounded")
+        except BaseException as e:
+            failure = e
+            job.cancel()
+        _, error, interrupt = job.finish()   # the helper never outlives the round's maps
+        for e in (failure, interrupt, error):
+            if e is not None:
+                raise e
+        self._table_hint[(tp, "later")] = side.table_slots
+        omap.merge_from(side)
+        omap.update_latest_offset(end - 1)   # as the last segment of one pass leaves it
+        stats.map_messages_read += later.map_messages_read
+        stats.map_bytes_read += later.map_bytes_read
         return True
-
-    def release_side_map(self) -> None:
-        """Give the helper's side map pages back to the OS (its next use faults them in)."""
-        if self._side_map is not None:
-            self._side_map.clear()
 
     def _map_segment(self, seg, start: int, aborted, stats: CleanerStats, *,
                      update_only: bool = False, end_offset: Optional[int] = None,

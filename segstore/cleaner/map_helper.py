@@ -34,12 +34,15 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-SIDE_MAP_BYTES = 32 << 20   # the side map's buffer: 1.4M slots, touched only as it fills
+from ..errors import CleaningAbortedError
+
+SIDE_MAP_BYTES = 16 << 20   # the side map's buffer: 699,050 slots, touched as it fills and
+                            # given back after each build
 MIN_BYTES = 16 << 20        # smaller dirty sections: a thread hand-off costs what it saves
 LATER_SHARE = 0.55          # of the bytes, at most, for the helper: the merge follows the
                             # earlier part on the cleaner's own thread
 MIN_LATER_SHARE = 0.2       # a smaller later part is not worth the merge
-CHUNK_BYTES = 16 << 20      # mapped per call while both threads map (see Cleaner)
+CHUNK_BYTES = 8 << 20       # mapped per call while both threads map (see map_build)
 
 _lock = threading.Lock()
 _pool: Optional[ThreadPoolExecutor] = None
@@ -109,6 +112,53 @@ def submit(fn, *args):
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segstore-map-helper")
     return _pool.submit(fn, *args)
+
+
+class HelperCancelled(CleaningAbortedError):
+    """The helper's part of a round stopped because the cleaner thread's part failed."""
+
+
+class HelperJob:
+    """One part of a round on the helper thread (taken with :func:`try_acquire`).
+
+    ``fn(check)`` must call ``check()`` between pieces of work (segments, chunks): once the
+    job is cancelled, ``check`` raises HelperCancelled there. :meth:`finish` waits for the job
+    however this thread is interrupted meanwhile, so the helper never outlives the round that
+    started it (it writes into the round's maps and files)."""
+
+    def __init__(self, fn):
+        self.cancelled = threading.Event()
+        self.future = submit(fn, self.check)
+
+    def check(self) -> None:
+        if self.cancelled.is_set():
+            raise HelperCancelled("the cleaner thread's part of the round failed")
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def finish(self) -> tuple:
+        """``(result, exception, interrupt)``: waits for the job to end; an exception raised
+        in this thread while it waits (KeyboardInterrupt) cancels the job, is returned as
+        ``interrupt`` once the job has ended, and is never raised here."""
+        interrupt = None
+        while True:
+            try:
+                error = self.future.exception()
+                break
+            except BaseException as e:  # an interrupt while waiting: stop the job, wait on
+                interrupt = interrupt or e
+                self.cancel()
+        return (None if error is not None else self.future.result()), error, interrupt
+
+
+def start(fn) -> Optional[HelperJob]:
+    """A HelperJob running ``fn``, or None when no thread can be started (the interpreter is
+    shutting down): the caller does its work in one pass instead."""
+    try:
+        return HelperJob(fn)
+    except RuntimeError:
+        return None
 
 
 def _forget_pool() -> None:

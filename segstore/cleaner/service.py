@@ -108,7 +108,6 @@ class LogCleaner:
             self._on_demand_ids.discard(i)
             for worker in self._workers.get(i, {}).values():
                 worker.offset_map.clear()
-                worker.release_side_map()
 
     # -- one round --------------------------------------------------------------------------
     def clean_log(self, thread_id: int, ltc: LogToClean, now: Optional[int] = None,
