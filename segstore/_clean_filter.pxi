@@ -269,6 +269,13 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
     return ST_OK
 
 
+cdef inline bint _needs_caller(const BatchHeader* h) noexcept nogil:
+    """Whether the filter hands a batch back to the caller (``filter_one``): a legacy format,
+    a codec, a control batch or a producer id. Every other batch is *plain*."""
+    return (h.magic < 2 or (h.attributes & (ATTR_CODEC | ATTR_CONTROL)) != 0
+            or h.producer_id >= 0)
+
+
 cdef int _filter_run(MapCore* m, FilterCore* fc, const uint8_t* b, Py_ssize_t* pos,
                      Py_ssize_t end, uint8_t* out, Py_ssize_t* out_pos,
                      Py_ssize_t out_cap) noexcept nogil:
@@ -282,8 +289,7 @@ cdef int _filter_run(MapCore* m, FilterCore* fc, const uint8_t* b, Py_ssize_t* p
         st = scan_one(b, pos[0], end, &h)
         if st != ST_OK:
             return st
-        if (h.magic < 2 or (h.attributes & (ATTR_CODEC | ATTR_CONTROL)) != 0
-                or h.producer_id >= 0):
+        if _needs_caller(&h):
             return ST_NEED_PYTHON
         if out_cap - out_pos[0] < _room_needed(&h, h.size - V2_HEADER_C):
             return ST_OUTPUT_FULL
@@ -448,8 +454,8 @@ cdef extern from "sys/mman.h" nogil:
 
 def plain_batches(buf, Py_ssize_t start=0, end=None):
     """Walk the batch headers of ``buf[start:end]`` (no CRCs, nothing allocated) while every
-    batch is *plain*: magic 2, no codec, not control or transactional, no producer id (what
-    ``BatchFilter.run`` decides without the caller). Returns ``(position, plain)``: where the
+    batch is *plain*: one ``BatchFilter.run`` decides without the caller (no legacy format,
+    codec, control batch or producer id). Returns ``(position, plain)``: where the
     walk stopped, and False when it stopped at a batch that is not plain or damaged; True at
     ``end`` or at a batch running past it (``position`` = that batch's start)."""
     cdef const uint8_t[::1] view = buf
@@ -464,8 +470,7 @@ def plain_batches(buf, Py_ssize_t start=0, end=None):
             if st != ST_OK:
                 plain = st == ST_END
                 break
-            if (h.magic != 2 or (h.attributes & (ATTR_CODEC | ATTR_CONTROL | ATTR_TRANSACTIONAL))
-                    or h.producer_id >= 0):
+            if _needs_caller(&h):
                 plain = False
                 break
             pos += h.size

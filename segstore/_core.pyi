@@ -290,8 +290,8 @@ class BatchFilter:
                      max_offset: int, invalid: int) -> None: ...
 
 def plain_batches(buf: Buffer, start: int = 0, end: Optional[int] = None) -> tuple[int, bool]:
-    """Walk batch headers while every batch is plain (magic 2, no codec, not control or
-    transactional, no producer id); ``(position, plain)``: False at a batch that is not plain
+    """Walk batch headers while every batch is plain (one the cleaner's filter decides alone:
+    no legacy format, codec, control batch or producer id); ``(position, plain)``: False at a batch that is not plain
     or is damaged, True at ``end`` or at a batch running past it."""
 
 def release_pages(buf: Buffer, start: int, end: int) -> None:

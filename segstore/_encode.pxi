@@ -82,17 +82,11 @@ cdef int _bytes_arg(object o, list keep, const uint8_t** p, int32_t* n, str what
 cdef _finish_batch(object out, Py_ssize_t pos, Py_ssize_t size):
     """Set the CRC of the batch at out[pos:pos+size] (a bytearray, or a bytes object this
     module just made and nothing else holds yet)."""
-    cdef uint8_t* p = <uint8_t*>_batch_ptr(out) + pos
+    cdef uint8_t* p = _writable_ptr(out) + pos
     if _crc_fn != NULL:
         wr_u32(p + 17, crc32c_c(p + 21, size - 21))
     else:
         wr_u32(p + 17, _crc32c_pkg(memoryview(out)[pos + 21:pos + size]))
-
-
-cdef inline char* _batch_ptr(object out):
-    if PyBytes_CheckExact(out):
-        return PyBytes_AS_STRING(out)
-    return <char*>(<bytearray>out)
 
 
 cdef object _compress_batch(object out, Py_ssize_t pos, Py_ssize_t size, int codec, level):
@@ -522,8 +516,11 @@ cdef object _output_buffer(int64_t nbytes):
 
 
 cdef uint8_t* _writable_ptr(object out):
+    # An encoder's output: pooled, a bytearray, or a bytes object nothing else holds yet.
     if isinstance(out, PooledBuffer):
         return (<PooledBuffer>out).ptr
+    if isinstance(out, bytearray):
+        return <uint8_t*>(<char*>(<bytearray>out))
     return <uint8_t*>PyBytes_AS_STRING(out)
 
 

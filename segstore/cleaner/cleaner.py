@@ -189,7 +189,6 @@ class Cleaner(OffsetMapBuild):
                 later = self._clean_split(lg, groups, k, filt, later_filt, txn, now,
                                           legacy_horizon, upper, truncations, stats)
             finally:
-                self._sibling_cleaner = None   # and its output buffer: kept by no round
                 map_helper_mod.release()
         if later is None:
             for group in groups:
@@ -200,9 +199,7 @@ class Cleaner(OffsetMapBuild):
             try:
                 self.swap_in(lg, cleaned, group, truncations, stats)
             except BaseException:
-                for c in later[i + 1:]:
-                    c.close()
-                    c.delete_files()
+                _discard(later[i + 1:])
                 raise
         return [filt, later_filt]
 
@@ -211,10 +208,10 @@ class Cleaner(OffsetMapBuild):
                      stats: CleanerStats) -> Optional[list]:
         """Groups [0, k) cleaned and swapped in here while the helper writes the cleaned
         segments of groups [k, n); those segments (not swapped in), or None when the helper
-        could not start (nothing done). On any error, none of the helper's files is left."""
-        sibling = self._sibling_cleaner = Cleaner(
-            self.thread_id, self.offset_map, self.chunk_size, self.throttler, self.clock,
-            map_helper=False)
+        could not start (nothing done). On any error, none of the helper's files is left.
+        The sibling, and its output buffer, last only as long as this call."""
+        sibling = Cleaner(self.thread_id, self.offset_map, self.chunk_size, self.throttler,
+                          self.clock, map_helper=False)
         sibling._crc_checked = self._crc_checked
 
         def write_later(check):
@@ -225,24 +222,18 @@ class Cleaner(OffsetMapBuild):
             return sibling.write_cleaned_groups(lg, groups[k:], later_filt, now,
                                                 legacy_horizon, upper)
 
-        job = map_helper_mod.start(write_later)
-        if job is None:
-            return None
-        failure = None
-        try:
+        def clean_earlier():
             for group in groups[:k]:
                 self.clean_segments(lg, group, filt, txn, now, legacy_horizon, upper,
                                     truncations, stats)
-        except BaseException as e:
-            failure = e
-            job.cancel()
-        later, error, interrupt = job.finish()   # the helper never outlives the round
-        first = failure or interrupt or error
-        if first is not None:
-            for c in later or ():
-                c.close()
-                c.delete_files()
-            raise first
+
+        job = map_helper_mod.start(write_later)
+        if job is None:
+            return None
+        later, error = job.beside(clean_earlier)   # the helper never outlives the round
+        if error is not None:
+            _discard(later or ())
+            raise error
         return later
 
     def _filter_split(self, groups: list) -> Optional[int]:
@@ -284,9 +275,7 @@ class Cleaner(OffsetMapBuild):
                 done.append(self.write_cleaned(lg, group, filt, txn, now, legacy_horizon,
                                                upper))
         except BaseException:
-            for cleaned in done:
-                cleaned.close()
-                cleaned.delete_files()
+            _discard(done)
             raise
         return done
 
@@ -328,8 +317,7 @@ class Cleaner(OffsetMapBuild):
                 if os.path.exists(path):
                     os.utime(path, (mtime, mtime))
         except BaseException:
-            cleaned.close()
-            cleaned.delete_files()
+            _discard((cleaned,))
             raise
         return cleaned
 
@@ -345,8 +333,7 @@ class Cleaner(OffsetMapBuild):
             stats.segments_cleaned += len(group)
             stats.segments_written += 1
         except BaseException:
-            cleaned.close()
-            cleaned.delete_files()
+            _discard((cleaned,))
             raise
 
     def _clean_into(self, lg, source, dest, filt, txn, producers: dict, retain_legacy: bool,
@@ -504,6 +491,13 @@ class Cleaner(OffsetMapBuild):
         filt.count_legacy(len(recs), size, len(kept), len(data),
                           kept[-1].offset if kept else -1, invalid)
         return op + len(data)
+
+
+def _discard(cleaned_segments) -> None:
+    """Close and delete cleaned segments that will not be swapped in."""
+    for cleaned in cleaned_segments:
+        cleaned.close()
+        cleaned.delete_files()
 
 
 def _wall_ms() -> int:

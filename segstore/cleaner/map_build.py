@@ -120,36 +120,27 @@ class OffsetMapBuild:
         omap = self.offset_map
         # Larger chunks while two threads map: each chunk's pages are dropped with a TLB
         # flush that interrupts the other thread (4 MiB chunks: 19 - 20 ms, 32 MiB: 16 - 17 ms
-        # for the 1M-record benchmark section).
+        # for the 1M-record benchmark section; 8 MiB keeps a round within its memory budget).
         chunk = max(self.chunk_size, map_helper_mod.CHUNK_BYTES)
         # Zeroed and faulted in here, on this thread: when the helper faulted the side map's
         # pages in itself, its first segment stalled 10 - 15 ms in one build of three.
         side.clear(self._table_hint.get((tp, "later"), 0), keep_pages=True)
         later = CleanerStats()
 
-        def map_later(check):
-            for seg in dirty[k:]:
+        def map_part(segs, into, part_stats, check=lambda: None):
+            for seg in segs:
                 check()
                 self.check_done(tp)
-                if self._map_segment(seg, start, aborted, later, omap=side, chunk=chunk):
-                    raise AssertionError("the side map filled: its offsets were bounded")
+                if self._map_segment(seg, start, aborted, part_stats, omap=into, chunk=chunk):
+                    raise AssertionError("an offset map filled: its offsets were bounded")
 
-        job = map_helper_mod.start(map_later)
+        job = map_helper_mod.start(lambda check: map_part(dirty[k:], side, later, check))
         if job is None:
             return False
-        failure = None
-        try:
-            for seg in dirty[:k]:
-                self.check_done(tp)
-                if self._map_segment(seg, start, aborted, stats, chunk=chunk):
-                    raise AssertionError("the offset map filled: its offsets were bounded")
-        except BaseException as e:
-            failure = e
-            job.cancel()
-        _, error, interrupt = job.finish()   # the helper never outlives the round's maps
-        for e in (failure, interrupt, error):
-            if e is not None:
-                raise e
+        # The helper never outlives the round's maps: beside() waits for it.
+        _, error = job.beside(lambda: map_part(dirty[:k], omap, stats))
+        if error is not None:
+            raise error
         self._table_hint[(tp, "later")] = side.table_slots
         omap.merge_from(side)
         omap.update_latest_offset(end - 1)   # as the last segment of one pass leaves it

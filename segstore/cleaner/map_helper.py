@@ -151,6 +151,19 @@ class HelperJob:
                 self.cancel()
         return (None if error is not None else self.future.result()), error, interrupt
 
+    def beside(self, work) -> tuple:
+        """Run ``work()`` on this thread while the job runs, then wait for the job (cancelled
+        if ``work`` failed). ``(job result, first error)``: ``work``'s error, else an interrupt
+        while waiting, else the job's; None when all went well."""
+        failure = None
+        try:
+            work()
+        except BaseException as e:
+            failure = e
+            self.cancel()
+        result, error, interrupt = self.finish()
+        return result, failure or interrupt or error
+
 
 def start(fn) -> Optional[HelperJob]:
     """A HelperJob running ``fn``, or None when no thread can be started (the interpreter is
