@@ -35,7 +35,7 @@ cdef inline void _hint_huge_pages(void* p, size_t n) noexcept nogil:
 
 
 cdef size_t POOL_HUGE = 2 << 20      # blocks this large or more are whole huge pages
-cdef Py_ssize_t POOL_MIN = 1 << 20   # smaller arrays come from numpy (malloc reuses them)
+cdef Py_ssize_t POOL_MIN = 64 << 10   # smaller arrays come from numpy (malloc reuses them)
 cdef enum:
     POOL_SLOTS = 64                  # at most this many free blocks are kept
 
@@ -49,6 +49,7 @@ cdef size_t _free_bytes = 0
 cdef size_t _pool_limit = 256 << 20
 cdef size_t _in_use_bytes = 0
 cdef int64_t _hits = 0, _misses = 0
+cdef int64_t _fresh = 0   # large buffers handed out in memory not written before (not reused)
 
 
 cdef inline size_t _block_size(size_t nbytes) noexcept nogil:
@@ -126,7 +127,7 @@ cdef class PooledBuffer:
 cdef PooledBuffer _pool_acquire(Py_ssize_t nbytes):
     """A block of at least nbytes: the smallest free one that is not wastefully large (at most
     twice the need), else a new mapping."""
-    global _n_free, _free_bytes, _in_use_bytes, _hits, _misses
+    global _n_free, _free_bytes, _in_use_bytes, _hits, _misses, _fresh
     # Created first: nothing that could run other code (and free a buffer) comes between
     # choosing a free block and taking it off the list.
     cdef PooledBuffer out = PooledBuffer.__new__(PooledBuffer)
@@ -156,6 +157,7 @@ cdef PooledBuffer _pool_acquire(Py_ssize_t nbytes):
         out.ptr = <uint8_t*>p
         out.size = need
         _misses += 1
+        _fresh += 1
     out.nbytes = nbytes
     _in_use_bytes += out.size
     return out
@@ -164,7 +166,10 @@ cdef PooledBuffer _pool_acquire(Py_ssize_t nbytes):
 cdef object _pool_empty(Py_ssize_t count, object dtype, Py_ssize_t itemsize):
     """np.empty(count, dtype), in pooled memory when the array is large."""
     cdef Py_ssize_t nbytes = count * itemsize
+    global _fresh
     if nbytes < POOL_MIN or <size_t>nbytes > _pool_limit:
+        if nbytes >= POOL_MIN:
+            _fresh += 1
         return np.empty(count, dtype=dtype)
     # The PooledBuffer itself is the array's base (np.frombuffer would put a memoryview there,
     # and memoryview.release() on it would free the block under the array).

@@ -33,7 +33,7 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
                 return 0
             memset(&s, 0, sizeof(ColumnSink))
             outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers, &s,
-                                                   &outs[i].err_pos)
+                                                   NULL, &outs[i].err_pos)
             outs[i].size = s.at
         if outs[i].status != ST_OK:
             return 0
@@ -41,14 +41,18 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
 
 
 cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
-                        int64_t hi, int64_t limit, bint headers, const ColumnSink* base,
-                        BatchOut* outs) noexcept nogil:
+                        int64_t hi, int64_t limit, bint headers, bint stream,
+                        const ColumnSink* base, BatchOut* outs) noexcept nogil:
     """Fill pass over regions [i0, i1): each batch writes at its precomputed positions, and
-    only there. A batch that does not fill its place exactly (its bytes changed since they
-    were counted) stops the pass with ST_CHANGED in its ``outs``."""
+    only there (through streams when ``stream``: the batches' places follow each other),
+    prefetching the bytes it reads (the counting pass read them long ago). A batch that does
+    not fill its place exactly (its bytes changed since they were counted) stops the pass
+    with ST_CHANGED in its ``outs``."""
     cdef Py_ssize_t i
     cdef ColumnSink s
     cdef BatchOut* o
+    cdef ColumnStreams* out = NULL
+    cdef ColumnCounts end
     cdef int st
     cdef size_t run_lo = 0, run_hi = 0
     for i in range(i0, i1):
@@ -58,13 +62,22 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
         s = base[0]
         s.at = o.start
         s.cap = _counts_sum(&o.start, &o.size)
+        s.prefetch = PREFETCH_DIST
+        if out != NULL and not _counts_equal(&o.start, &end):
+            _close_streams(out)   # not where the last batch ended: start the streams anew
+            out = NULL
+        if stream and out == NULL:
+            out = _open_streams(&s)   # NULL (no memory): plain stores
         st = decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit, headers,
-                                   &s, &o.err_pos)
+                                   &s, out, &o.err_pos)
         if st != ST_OK or not _counts_equal(&s.at, &s.cap):
             o.status = ST_CHANGED
             o.err_pos = regs.items[i].position
             break
+        end = s.at
         _release_batch(&regs.items[i], &run_lo, &run_hi, False)
+    if out != NULL:
+        _close_streams(out)
     _release_batch(NULL, &run_lo, &run_hi, True)
 
 
@@ -74,15 +87,16 @@ cdef enum:
 
 
 cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, int64_t hi,
-                     ColumnSink* s, BatchOut* outs) noexcept nogil:
+                     bint stream, ColumnSink* s, BatchOut* outs) noexcept nogil:
     """Check and copy regions [i0, i1) in one pass, each batch while its bytes are hot, writing
     on from the sink's running totals up to its capacity (no counting pass: the arrays were
-    sized by an upper bound). Stops at the first damaged batch, whose status it leaves in
-    ``outs``."""
+    sized by an upper bound), through streams when ``stream``. Stops at the first damaged
+    batch, whose status it leaves in ``outs``."""
     cdef Py_ssize_t i
     cdef Region* reg
     cdef const BatchHeader* h
     cdef size_t run_lo = 0, run_hi = 0
+    cdef ColumnStreams* out = _open_streams(s) if stream else NULL
     for i in range(i0, i1):
         reg = &regs.items[i]
         h = reg.header
@@ -90,11 +104,13 @@ cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, in
             outs[i].status = ST_CRC
             outs[i].err_pos = h.position
             break
-        outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, False, s,
+        outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, False, s, out,
                                                &outs[i].err_pos)
         if outs[i].status != ST_OK:
             break
         _release_batch(reg, &run_lo, &run_hi, False)
+    if out != NULL:
+        _close_streams(out)
     _release_batch(NULL, &run_lo, &run_hi, True)
 
 
@@ -106,8 +122,11 @@ cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, in
 # 1M-record log (2 threads, best of 7, three rounds): 0.4 took 25.6 - 27.2 ms, 0.45 23.7 -
 # 24.5, 0.5 22.1 - 22.6, 0.55 23.2 - 23.9, and a share that adapted to the threads' finishing
 # times settled at 0.47 - 0.48 (not kept: the arrays sized by it vary with it, which defeated
-# the buffer pool).
-cdef double TAIL_SHARE = 0.47
+# the buffer pool). Since the head's copy prefetches and large outputs are streamed, the
+# head's copy costs less per byte; measured with the log out of the caches before each run
+# (as when a benchmark's peer runs in between): 0.38 took 21.4 ms, 0.41 20.4 - 20.7, 0.44
+# 20.4 - 20.9, 0.47 21.0, 0.5 21.4 - 21.6.
+cdef double TAIL_SHARE = 0.43
 
 
 def _set_tail_share(double share):
@@ -119,23 +138,26 @@ def _set_tail_share(double share):
     return old
 
 
-cdef Py_ssize_t _tail_start(_DecodeJob job, int64_t limit, bint validate_crc) noexcept:
+cdef bint _whole_range(_DecodeJob job, int64_t limit, bint validate_crc) noexcept:
+    """A large range read whole: no max_records, no headers, nothing counted yet, CRCs that
+    can be checked without the GIL. Only such a range has a one-pass tail, which is not
+    counted before it is copied."""
+    if (limit != INT64_MAX_C or job.headers or job.counted != 0
+            or (_crc_fn == NULL and validate_crc) or job.regs.n < 2):
+        return False
+    return _region_bytes(job.regs, 0, job.regs.n) >= PARALLEL_MIN_BYTES
+
+
+cdef Py_ssize_t _tail_start(_DecodeJob job) noexcept:
     """Where the one-pass tail of a large decode starts (regs.n: no tail). The head is counted
     by both threads, then copied by one while the other checks and copies the tail, split by
-    TAIL_SHARE so that both finish together. Only a
-    range read whole (no max_records, no headers, nothing counted yet) has a tail, and only
-    when its CRCs can be checked without the GIL."""
+    TAIL_SHARE so that both finish together."""
     cdef _Regions regs = job.regs
     cdef int64_t total = 0, acc = 0
     cdef Py_ssize_t i
-    if (limit != INT64_MAX_C or job.headers or job.counted != 0
-            or (_crc_fn == NULL and validate_crc)):
-        return regs.n
-    if TAIL_SHARE <= 0 or regs.n < 2:
+    if TAIL_SHARE <= 0:
         return regs.n
     total = _region_bytes(regs, 0, regs.n)
-    if total < PARALLEL_MIN_BYTES:
-        return regs.n
     for i in range(regs.n):
         if acc >= total * (1.0 - TAIL_SHARE):
             return i
@@ -193,6 +215,7 @@ cdef class _DecodeJob:
     cdef ColumnCounts cap    # what the arrays hold
     cdef ColumnSink sink
     cdef ColumnSink tail   # the one-pass tail's sink, with its running totals
+    cdef bint stream       # fill through streamed stores (the output outgrows the caches)
 
     def __dealloc__(self):
         free(self.outs)
@@ -203,11 +226,11 @@ cdef class _DecodeJob:
     def fill(self, Py_ssize_t i0, Py_ssize_t i1):
         with nogil:
             _fill_batches(self.regs, i0, i1, self.lo, self.hi, self.limit, self.headers,
-                          &self.sink, self.outs)
+                          self.stream, &self.sink, self.outs)
 
     def fill_tail(self, Py_ssize_t i0, Py_ssize_t i1):
         with nogil:
-            _fill_tail(self.regs, i0, i1, self.lo, self.hi, &self.tail, self.outs)
+            _fill_tail(self.regs, i0, i1, self.lo, self.hi, self.stream, &self.tail, self.outs)
 
 
 cdef Region* _new_region(_DecodeJob job) except NULL:

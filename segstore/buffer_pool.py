@@ -2,7 +2,7 @@
 
 ``read_columns`` and ``decode_columns`` write about 140 MB of columns for 1M records of 100-byte
 values. Fresh memory costs the kernel a page fault and a zeroing pass before the first write,
-which was a fifth of such a read. So the large output arrays (1 MiB or more) come from a pool of
+which was a fifth of such a read. So the large output arrays (64 KiB or more) come from a pool of
 anonymous mappings: when the last array viewing a block is freed, the block is kept, up to
 :func:`limit` bytes, and the next read of a similar size writes into memory that is already
 mapped. The idea is Kafka's producer ``BufferPool`` and Arrow's memory pool.

@@ -74,17 +74,21 @@ def rewritten_between_passes(buf: bytearray, new: bytes):
         _core._set_between_passes(old)
 
 
-@pytest.fixture(params=["one thread", "two threads", "one-pass tail"])
+@pytest.fixture(params=["one thread", "two threads", "one-pass tail", "one-pass tail streamed",
+                        "two threads streamed"])
 def split(request):
     """Run the decode on one thread, or force the two-thread split (with or without the
-    one-pass tail) onto these small logs."""
+    one-pass tail, with or without streamed stores) onto these small logs."""
     min_bytes, share = {"one thread": (1 << 62, 0.0), "two threads": (0, 0.0),
-                        "one-pass tail": (0, 0.4)}[request.param]
+                        "one-pass tail": (0, 0.4), "one-pass tail streamed": (0, 0.4),
+                        "two threads streamed": (0, 0.0)}[request.param]
     old_min = _core._set_parallel_min_bytes(min_bytes)
     old_share = _core._set_tail_share(share)
-    yield request.param
+    old_stream = _core._set_stream_min_bytes(0 if "streamed" in request.param else 1 << 62)
+    yield request.param.replace(" streamed", "")
     _core._set_parallel_min_bytes(old_min)
     _core._set_tail_share(old_share)
+    _core._set_stream_min_bytes(old_stream)
 
 
 def _expect_changed(err, buf, changed: int, file=None) -> None:

@@ -1,8 +1,9 @@
 """The two-thread column decode, forced onto small inputs: every split gives the same columns.
 
 Large column decodes count the head of a range on two threads, then copy it on one while the
-other checks and copies the tail in a single pass, into arrays sized by an upper bound. Here the
-size threshold is lowered to 0 so these paths run on small, varied logs; the oracle is the
+other checks and copies the tail in a single pass, into arrays sized by an upper bound; the
+largest write their output through streams (_stream_out.pxi). Here the size thresholds are
+lowered to 0 so these paths run on small, varied logs; the oracle is the
 object decoder (``decode_records``), and damage must raise at the first damaged batch whatever
 thread finds it.
 """
@@ -22,13 +23,17 @@ from segstore.errors import CorruptRecordError
 SHARES = [0.0, 0.4, 0.9]
 
 
-@pytest.fixture
-def split_everything():
+@pytest.fixture(params=["plain stores", "streamed"])
+def split_everything(request):
+    """Two threads (and the tail share a test sets) on every log, writing the columns with
+    plain stores or, as decodes larger than the caches do, through streams."""
     old_min = _core._set_parallel_min_bytes(0)
     old_share = _core._set_tail_share(0.4)
+    old_stream = _core._set_stream_min_bytes(0 if request.param == "streamed" else 1 << 62)
     yield
     _core._set_parallel_min_bytes(old_min)
     _core._set_tail_share(old_share)
+    _core._set_stream_min_bytes(old_stream)
 
 
 def _log(seed: int, n_batches: int = 9) -> bytes:
