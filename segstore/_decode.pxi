@@ -137,7 +137,7 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     if _select_batches(job, sources, files, limit, validate_crc, strict, max_records is not None):
         return _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc,
                                include_headers, topic, partition)
-    cdef Py_ssize_t tail = _tail_start(job) if _whole_range(job, limit, validate_crc) else job.regs.n
+    cdef Py_ssize_t tail = _tail_start(job, limit, validate_crc)
     _count_regions(job, job.counted, tail, files)   # pass 1 over the rest of the head
     _place_outputs(job, tail, limit)
     _bound_sizes(job, tail)

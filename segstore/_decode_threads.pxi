@@ -138,26 +138,23 @@ def _set_tail_share(double share):
     return old
 
 
-cdef bint _whole_range(_DecodeJob job, int64_t limit, bint validate_crc) noexcept:
-    """A large range read whole: no max_records, no headers, nothing counted yet, CRCs that
-    can be checked without the GIL. Only such a range has a one-pass tail, which is not
-    counted before it is copied."""
-    if (limit != INT64_MAX_C or job.headers or job.counted != 0
-            or (_crc_fn == NULL and validate_crc) or job.regs.n < 2):
-        return False
-    return _region_bytes(job.regs, 0, job.regs.n) >= PARALLEL_MIN_BYTES
-
-
-cdef Py_ssize_t _tail_start(_DecodeJob job) noexcept:
+cdef Py_ssize_t _tail_start(_DecodeJob job, int64_t limit, bint validate_crc) noexcept:
     """Where the one-pass tail of a large decode starts (regs.n: no tail). The head is counted
     by both threads, then copied by one while the other checks and copies the tail, split by
-    TAIL_SHARE so that both finish together."""
+    TAIL_SHARE so that both finish together. Only a large range read whole (no max_records,
+    no headers, nothing counted yet) has a tail, and only when its CRCs can be checked
+    without the GIL."""
     cdef _Regions regs = job.regs
     cdef int64_t total = 0, acc = 0
     cdef Py_ssize_t i
-    if TAIL_SHARE <= 0:
+    if (limit != INT64_MAX_C or job.headers or job.counted != 0
+            or (_crc_fn == NULL and validate_crc)):
+        return regs.n
+    if TAIL_SHARE <= 0 or regs.n < 2:
         return regs.n
     total = _region_bytes(regs, 0, regs.n)
+    if total < PARALLEL_MIN_BYTES:
+        return regs.n
     for i in range(regs.n):
         if acc >= total * (1.0 - TAIL_SHARE):
             return i

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import batch_spans, check_columns, columns_tuples, guarded_copy, rec_tuple, run_in_child
+from conftest import (batch_spans, check_columns, columns_tuples, guarded_copy, rec_tuple,
+                      run_in_child)
 from segstore import _core
 
 # Lengths next to each threshold of the stream writer.
@@ -140,7 +141,8 @@ def test_staged_copies_never_read_past_the_buffer():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.one_of(st.none(), st.integers(0, 1500)), min_size=1, max_size=120),
        per_batch=st.integers(1, 40), seed=st.integers(0, 1000))
 def test_random_lengths_stream_like_plain_stores(mode, lengths, per_batch, seed):
