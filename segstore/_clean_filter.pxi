@@ -358,9 +358,10 @@ cdef class BatchFilter:
     def reset_max_offset(self):
         self.fc.max_offset = -1
 
-    def run(self, buf, Py_ssize_t start, Py_ssize_t end, bytearray out, Py_ssize_t out_pos,
+    def run(self, buf, Py_ssize_t start, Py_ssize_t end, out, Py_ssize_t out_pos,
             file=None):
-        """Filter plain batches of ``buf[start:end]`` into ``out`` from ``out_pos``.
+        """Filter plain batches of ``buf[start:end]`` into ``out`` (a writable buffer:
+        bytearray, anonymous mmap) from ``out_pos``.
 
         Returns ``(code, position, out_pos)``: FILTER_DONE at ``end`` (or at an incomplete
         batch before it), FILTER_NEED_PYTHON at a
@@ -395,7 +396,7 @@ cdef class BatchFilter:
         return _room_needed(&h, h.size - V2_HEADER_C if payload_len is None else payload_len)
 
     def filter_one(self, buf, Py_ssize_t pos, int mode, bint discard_records,
-                   bint marker_for_empty_txn, bytearray out, Py_ssize_t out_pos, payload=None,
+                   bint marker_for_empty_txn, out, Py_ssize_t out_pos, payload=None,
                    file=None):
         """Decide and write the magic-2 batch at ``buf[pos]`` (records from ``payload`` when
         the batch is compressed). Returns ``(out_pos, rebuilt)``; a rebuilt batch is written
@@ -500,7 +501,7 @@ def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
         _clean_madvise(<void*>lo, hi - lo, _CLEAN_MADV_DONTNEED)   # advisory: failure is harmless
 
 
-def finish_crcs(bytearray out, Py_ssize_t start, Py_ssize_t end):
+def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
     """Compute the CRC of every v2 batch in ``out[start:end]`` whose CRC field is 0."""
     cdef uint8_t[::1] ov = out
     cdef BatchHeader h
@@ -534,7 +535,7 @@ def finish_crcs(bytearray out, Py_ssize_t start, Py_ssize_t end):
         pos += h.size
 
 
-def compress_batch_at(bytearray out, Py_ssize_t pos, Py_ssize_t size, int codec):
+def compress_batch_at(out, Py_ssize_t pos, Py_ssize_t size, int codec):
     """The uncompressed v2 batch at ``out[pos:pos+size]`` with its records compressed by
     ``codec`` at its default level, attributes and CRC updated: a new bytearray."""
     if pos < 0 or size < V2_HEADER_C or pos + size > len(out):

@@ -276,13 +276,13 @@ class BatchFilter:
     @property
     def stats(self) -> dict: ...
     def reset_max_offset(self) -> None: ...
-    def run(self, buf: Buffer, start: int, end: int, out: bytearray, out_pos: int,
+    def run(self, buf: Buffer, start: int, end: int, out: Buffer, out_pos: int,
             file: Optional[str] = None) -> tuple[int, int, int]:
         """Filter plain batches; returns (FILTER_* code, position, out_pos)."""
     @staticmethod
     def room_needed(buf: Buffer, pos: int) -> int: ...
     def filter_one(self, buf: Buffer, pos: int, mode: int, discard_records: bool,
-                   marker_for_empty_txn: bool, out: bytearray, out_pos: int,
+                   marker_for_empty_txn: bool, out: Buffer, out_pos: int,
                    payload: Optional[Buffer] = None,
                    file: Optional[str] = None) -> tuple[int, bool]:
         """One batch with its retention mode (0 RETAIN_EMPTY, 1 DELETE, 2 DELETE_EMPTY)."""
@@ -298,8 +298,8 @@ def release_pages(buf: Buffer, start: int, end: int) -> None:
     """Drop this process's page-table entries for the pages of the file mapping ``buf`` that
     hold ``buf[start:end]`` (without the GIL; ``buf`` must be an ``mmap.mmap``)."""
 
-def finish_crcs(out: bytearray, start: int, end: int) -> None:
+def finish_crcs(out: Buffer, start: int, end: int) -> None:
     """Fill the CRC of every batch in out[start:end] whose CRC field is 0."""
 
-def compress_batch_at(out: bytearray, pos: int, size: int, codec: int) -> bytearray:
+def compress_batch_at(out: Buffer, pos: int, size: int, codec: int) -> bytearray:
     """The uncompressed batch at out[pos:pos+size] compressed with ``codec``, CRC set."""
