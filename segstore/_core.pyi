@@ -237,10 +237,18 @@ class OffsetMap:
     def collision_rate(self) -> float: ...
     def put(self, key: Buffer, offset: int, value: int = 0) -> None:
         """Map key to offset; OverflowError when every slot is taken."""
-    def merge_from(self, later: "OffsetMap") -> None:
+    def merge_from(self, later: "OffsetMap", drain: bool = False) -> None:
         """Put every entry of ``later`` (an offset-strategy map built over records that all
         come after this map's) into this map; counters add up, the latest offset is the larger.
-        OverflowError when the union does not fit."""
+        OverflowError when the union does not fit. ``drain`` leaves ``later`` empty, its table
+        zeroed and its pages kept."""
+    def merge_lookup(self, later: "OffsetMap", start: int = 0, stop: Optional[int] = None, *,
+                     drain: bool = False) -> tuple:
+        """A merge's first phase over ``later``'s slots [start, stop): offsets of keys this map
+        holds are overwritten; the rest are returned for merge_insert. Without the GIL; two
+        threads may run it at once over disjoint slot ranges."""
+    def merge_insert(self, later: "OffsetMap", *lookups: tuple) -> None:
+        """A merge's second phase: insert what the lookups did not find, add up the counters."""
     def get(self, key: Buffer) -> int:
         """The mapped offset, or -1."""
     def clear(self, table_hint: int = 0, keep_pages: bool = False) -> None: ...

@@ -144,5 +144,6 @@ include "_index.pxi"
 include "_offset_map.pxi"
 include "_map_build.pxi"
 include "_clean_filter.pxi"
+include "_spin_wait.pxi"
 
 _bind_crc32c()

@@ -445,6 +445,7 @@ def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int6
     mb.validate_crc = validate_crc and _crc_fn != NULL
     mb.sk = omap._skey()
     omap._dirty = True
+    omap._clean_slots = 0
     cdef Py_ssize_t pos = start
     cdef int st
     cdef BatchHeader h

@@ -6,6 +6,7 @@
 cdef enum:
     DIGEST_BYTES = 16
     MAP_GROUP = 16             # records hashed ahead so their slots' cache lines load in parallel
+    MERGE_GROUP = 48           # a merge's entries whose slots load while the group before is probed
 
     STRATEGY_OFFSET = 0
     STRATEGY_TIMESTAMP = 1
@@ -30,6 +31,7 @@ cdef struct MapCore:
     int64_t lookups
     int64_t probes
     int64_t latest_offset
+    int64_t layout         # bumped whenever entries are re-placed (growth) or dropped (clear)
     int strategy
 
 
@@ -78,6 +80,27 @@ cdef inline int64_t _probe_slot_t(int64_t table, uint64_t h1, uint64_t h2,
     return segstore_kafka_abs(w) % <uint32_t>table
 
 
+cdef inline int64_t _merge_group(const MapCore* m, const MapCore* src, int64_t* i, int64_t stop,
+                                 int64_t* gi, int64_t* gs) noexcept nogil:
+    """The next entries (up to MERGE_GROUP) of src's slots [i[0], stop): their indexes in gi,
+    their first slots in m in gs, whose cache lines are prefetched; how many."""
+    cdef int64_t g = 0, j = i[0], k
+    cdef const uint64_t* e
+    while j < stop and g < MERGE_GROUP:
+        # Without a branch on emptiness: at a table's load it is a coin toss, and as an if
+        # it cost a misprediction per entry (a third of a merge's time).
+        e = src.mem + j * src.words
+        gi[g] = j
+        g += (e[0] | e[1] | e[2]) != 0
+        j += 1
+    for k in range(g):
+        e = src.mem + gi[k] * src.words
+        gs[k] = _probe_slot(m, e[0], e[1], 0)
+        SEGSTORE_PREFETCH(m.mem + gs[k] * m.words)
+    i[0] = j
+    return g
+
+
 cdef int _map_grow(MapCore* m) noexcept nogil:
     """Double the probed table (at most to `slots`) and re-place every entry in it."""
     cdef int64_t old = m.table, i, attempt, slot
@@ -95,22 +118,18 @@ cdef int _map_grow(MapCore* m) noexcept nogil:
     memcpy(tmp, m.mem, old_bytes)
     memset(m.mem, 0, old_bytes)   # slots [old, new) were never used since the last clear: zero
     m.table = new
+    m.layout += 1
     # Re-place the entries in slot order, a group at a time: the new slots of a group are
     # computed and prefetched first (one at a time, every placement waited for memory).
-    cdef int64_t gi[MAP_GROUP]
-    cdef int64_t gs[MAP_GROUP]
-    cdef int g, k
+    cdef MapCore before = m[0]
+    before.mem = tmp
+    before.table = old
+    cdef int64_t gi[MERGE_GROUP]
+    cdef int64_t gs[MERGE_GROUP]
+    cdef int64_t g, k
     i = 0
     while i < old:
-        g = 0
-        while i < old and g < MAP_GROUP:
-            e = tmp + i * m.words
-            if not (e[0] == 0 and e[1] == 0 and e[2] == 0):
-                gi[g] = i
-                gs[g] = _probe_slot(m, e[0], e[1], 0)
-                SEGSTORE_PREFETCH(m.mem + gs[g] * m.words)
-                g += 1
-            i += 1
+        g = _merge_group(m, &before, &i, old, gi, gs)
         for k in range(g):
             e = tmp + gi[k] * m.words
             attempt = 0
@@ -192,34 +211,110 @@ cdef inline int _map_put_from(MapCore* m, uint64_t h1, uint64_t h2, int64_t slot
         slot = _probe_slot(m, h1, h2, attempt)
 
 
-cdef int _map_merge(MapCore* m, const MapCore* src) noexcept nogil:
-    """Put every entry of ``src`` into ``m``, overwriting equal digests: ``src`` must have
-    been built over records that all come after those of ``m``. Entries are taken in slot
-    order, a group at a time, the group's slots computed and prefetched first (as _map_grow
-    re-places them)."""
-    cdef int64_t i = 0, g, k
-    cdef int64_t gi[MAP_GROUP]
-    cdef int64_t gs[MAP_GROUP]
-    cdef const uint64_t* e
+cdef int64_t _map_merge_lookup(MapCore* m, MapCore* src, int64_t start, int64_t stop,
+                               bint drain, int64_t* misses, int64_t* drained) noexcept nogil:
+    """A merge's first phase over src's slots [start, stop) (``src`` was built over records
+    that all come after those of ``m``): an entry whose digest ``m`` holds overwrites its
+    offset; the others are listed in ``misses`` as rows (h1, h2, offset, first empty slot of
+    its probe sequence in m, or -1) and counted in the result. ``drain`` zeroes each entry
+    of src once read (counted in ``drained``): the merged map is then clean without a pass
+    of its own.
+
+    It writes nothing in ``m`` but the offsets of the entries found (no counter, no insert),
+    and in ``src`` only the range's own slots, so two threads may run it at once over
+    disjoint ranges. A group's slots load while the group before is probed: a merge runs when
+    both maps have just left the cache."""
+    cdef int64_t ga[MERGE_GROUP]
+    cdef int64_t gb[MERGE_GROUP]
+    cdef int64_t sa[MERGE_GROUP]
+    cdef int64_t sb[MERGE_GROUP]
+    cdef int64_t* ci = ga
+    cdef int64_t* cs = sa
+    cdef int64_t* ni = gb
+    cdef int64_t* ns = sb
+    cdef int64_t* t
+    cdef int64_t i = start, n, nn, k, slot, attempt, found = 0, taken = 0
+    cdef int64_t limit = m.table + DIGEST_BYTES - 4   # every slot looked at (as _map_get)
+    cdef uint64_t h1, h2, offset
+    cdef uint64_t* s
+    cdef uint64_t* e
+    n = _merge_group(m, src, &i, stop, ci, cs)
+    while n:
+        nn = _merge_group(m, src, &i, stop, ni, ns)
+        for k in range(n):
+            s = src.mem + ci[k] * src.words
+            h1 = s[0]
+            h2 = s[1]
+            offset = s[2]
+            if drain:
+                s[0] = 0
+                s[1] = 0
+                s[2] = 0
+                taken += 1
+            slot = cs[k]
+            attempt = 0
+            while True:
+                e = m.mem + slot * m.words
+                if e[0] == 0 and e[1] == 0 and e[2] == 0:
+                    break
+                if e[0] == h1 and e[1] == h2:
+                    e[2] = offset
+                    slot = -2
+                    break
+                attempt += 1
+                if attempt >= limit:
+                    slot = -1
+                    break
+                slot = _probe_slot(m, h1, h2, attempt)
+            if slot != -2:
+                misses[4 * found] = <int64_t>h1
+                misses[4 * found + 1] = <int64_t>h2
+                misses[4 * found + 2] = <int64_t>offset
+                misses[4 * found + 3] = slot
+                found += 1
+        t = ci
+        ci = ni
+        ni = t
+        t = cs
+        cs = ns
+        ns = t
+        n = nn
+    drained[0] = taken
+    return found
+
+
+cdef int _map_merge_insert(MapCore* m, const int64_t* misses, int64_t n,
+                           bint slots_valid) noexcept nogil:
+    """A merge's second phase: insert the entries _map_merge_lookup listed, in order.
+
+    A listed slot still empty is where the key goes, as long as no entry was re-placed since
+    the lookup (``slots_valid``, and no growth here): slots only ever fill between clears and
+    growths, so every slot before it in the key's probe sequence is still taken by another
+    key. Otherwise Kafka's put probes again."""
+    cdef int64_t k, slot, layout = m.layout
+    cdef const int64_t* r
+    cdef uint64_t* e
     cdef int st
-    while i < src.table:
-        st = _map_reserve(m, MAP_GROUP)   # before the slots are computed for this table
+    for k in range(n):
+        if slots_valid and k + 8 < n and 0 <= misses[4 * (k + 8) + 3] < m.table:
+            SEGSTORE_PREFETCH(m.mem + misses[4 * (k + 8) + 3] * m.words)
+        r = misses + 4 * k
+        st = _map_reserve(m, 1)
         if st != ST_OK:
             return st
-        g = 0
-        while i < src.table and g < MAP_GROUP:
-            e = src.mem + i * src.words
-            if not (e[0] == 0 and e[1] == 0 and e[2] == 0):
-                gi[g] = i
-                gs[g] = _probe_slot(m, e[0], e[1], 0)
-                SEGSTORE_PREFETCH(m.mem + gs[g] * m.words)
-                g += 1
-            i += 1
-        for k in range(g):
-            e = src.mem + gi[k] * src.words
-            st = _map_put_from(m, e[0], e[1], gs[k], <int64_t>e[2], 0, False)
-            if st != ST_OK:
-                return st
+        slot = r[3]
+        if slots_valid and m.layout == layout and 0 <= slot < m.table and m.entries < m.table:
+            e = m.mem + slot * m.words
+            if e[0] == 0 and e[1] == 0 and e[2] == 0:
+                e[0] = <uint64_t>r[0]
+                e[1] = <uint64_t>r[1]
+                e[2] = <uint64_t>r[2]
+                m.entries += 1
+                continue
+        st = _map_put_from(m, <uint64_t>r[0], <uint64_t>r[1],
+                           _probe_slot(m, <uint64_t>r[0], <uint64_t>r[1], 0), r[2], 0, False)
+        if st != ST_OK:
+            return st
     return ST_OK
 
 
@@ -268,6 +363,7 @@ cdef class OffsetMap:
     cdef readonly str strategy
     cdef bytes _header_key
     cdef bint _dirty
+    cdef int64_t _clean_slots   # leading slots known zero and in memory (a drained merge)
 
     def __cinit__(self, int64_t memory, double load_factor=0.9, str strategy="offset",
                   header_key=None):
@@ -368,32 +464,91 @@ cdef class OffsetMap:
         cdef uint64_t h1, h2
         self._digest(key, &h1, &h2)
         self._dirty = True
+        self._clean_slots = 0
         cdef int st = _map_put(&self.m, h1, h2, offset, value, False)
         if st == ST_MAP_FULL:
             raise OverflowError(f"the offset map is full ({self.m.slots} slots)")
         if st == ST_NO_MEMORY:
             raise MemoryError("growing the offset map's probed table")
 
-    def merge_from(self, OffsetMap later) -> None:
+    def merge_from(self, OffsetMap later, bint drain=False) -> None:
         """Put every entry of ``later`` into this map, as if its records had been mapped here
         after this map's own: ``later`` must be an offset-strategy map built over records that
         all come after this map's (a map build split in two halves, mapped at once). The
         lookup and probe counters add up ``later``'s, as if each key had been looked up where
         it was read; the latest offset becomes the larger of the two. OverflowError when this
-        map cannot hold the union (nothing is undone: clear it)."""
+        map cannot hold the union (nothing is undone: clear it).
+
+        ``drain`` empties ``later`` on the way (its entries zeroed as they are read, its
+        counters reset, its pages kept): a later ``clear(keep_pages=True)`` then has nothing to
+        zero. The same as ``merge_insert(later, merge_lookup(later, drain=drain))``; a caller
+        with two threads runs ``merge_lookup`` on both over halves of ``later``'s slots."""
+        self.merge_insert(later, self.merge_lookup(later, drain=drain))
+
+    cdef _check_merge(self, OffsetMap later):
         if self.m.strategy != STRATEGY_OFFSET or later.m.strategy != STRATEGY_OFFSET:
             raise ValueError("only offset-strategy maps merge (a strategy compares values)")
         if later is self:
             raise ValueError("a map cannot merge into itself")
-        cdef int64_t lookups = self.m.lookups, probes = self.m.probes
-        cdef int64_t latest = max(self.m.latest_offset, later.m.latest_offset)
-        cdef int st
+
+    def merge_lookup(self, OffsetMap later, int64_t start=0, stop=None, *,
+                     bint drain=False) -> tuple:
+        """A merge's first phase over ``later``'s slots ``[start, stop)`` (``stop`` defaults
+        to ``later.table_slots``): the offsets of the keys this map holds are overwritten with
+        ``later``'s; the others are returned for :meth:`merge_insert` (an opaque tuple).
+        ``drain`` zeroes each entry of ``later`` once read.
+
+        Runs without the GIL and writes only the offsets of keys found (and, draining,
+        ``later``'s slots of the range), so two threads may look up disjoint slot ranges of the
+        same two maps at once; nothing else may change either map meanwhile."""
+        self._check_merge(later)
+        cdef int64_t end = later.m.table if stop is None else stop
+        if not 0 <= start <= end <= later.m.table:
+            raise ValueError(f"slot range [{start}, {end}) is outside the "
+                             f"{later.m.table} slots of the merged map")
+        rows = np.empty((min(end - start, later.m.entries), 4), dtype=np.int64)
+        cdef int64_t[:, ::1] out = rows
+        cdef int64_t found = 0, drained = 0
         self._dirty = True
-        with nogil:
-            st = _map_merge(&self.m, &later.m)
-        self.m.lookups = lookups + later.m.lookups
+        self._clean_slots = 0
+        if out.shape[0]:
+            with nogil:
+                found = _map_merge_lookup(&self.m, &later.m, start, end, drain, &out[0, 0],
+                                          &drained)
+        return (self.m.layout, rows[:found], drained)
+
+    def merge_insert(self, OffsetMap later, *lookups) -> None:
+        """A merge's second phase: insert the keys of ``later`` that :meth:`merge_lookup`
+        (one call, or several over consecutive slot ranges, in order) did not find, then add
+        up the counters and keep the larger latest offset, as :meth:`merge_from` does. When
+        the lookups drained every entry of ``later``, ``later`` is left empty: no entries,
+        counters reset, its zeroed pages kept for its next ``clear(keep_pages=True)``."""
+        self._check_merge(later)
+        cdef int64_t lookups_n = self.m.lookups, probes = self.m.probes
+        cdef int64_t latest = max(self.m.latest_offset, later.m.latest_offset)
+        cdef int64_t[:, ::1] rows
+        cdef int st = ST_OK
+        cdef int64_t drained = 0
+        cdef bint valid
+        self._dirty = True
+        self._clean_slots = 0
+        for layout, found, taken in lookups:
+            drained += taken
+            rows = np.ascontiguousarray(found, dtype=np.int64).reshape(-1, 4)
+            if rows.shape[0] == 0:
+                continue
+            valid = layout == self.m.layout
+            with nogil:
+                st = _map_merge_insert(&self.m, &rows[0, 0], rows.shape[0], valid)
+            if st != ST_OK:
+                break
+        self.m.lookups = lookups_n + later.m.lookups
         self.m.probes = probes + later.m.probes
         self.m.latest_offset = latest
+        if drained and drained == later.m.entries:
+            later.m.entries = later.m.lookups = later.m.probes = 0
+            later.m.latest_offset = -1
+            later._clean_slots = later.m.table
         if st == ST_MAP_FULL:
             raise OverflowError(f"the offset map is full ({self.m.slots} slots)")
         if st == ST_NO_MEMORY:
@@ -414,14 +569,16 @@ cdef class OffsetMap:
         size of its growth sequence that reaches ``table_hint`` slots (a cleaner passes the
         size a partition's last round grew to, so a round like the last one skips the growth
         steps and their re-placing of every entry)."""
-        cdef int64_t new, old_table = self.m.table, zeroed
+        cdef int64_t new, old_table = self.m.table, zeroed, clean
         if self._dirty and not keep_pages:
             # Dropping the pages zeroes them (private anonymous memory) at the cost of only
             # the pages the map touched, and gives the memory back between rounds.
             self._array.madvise(_mmap.MADV_DONTNEED)
             self._dirty = False
+            self._clean_slots = 0
         self.m.entries = self.m.lookups = self.m.probes = 0
         self.m.latest_offset = -1
+        self.m.layout += 1
         self.m.table = min(self.m.slots, INITIAL_TABLE)
         while self.m.table < table_hint and self.m.table < self.m.slots:
             # _map_grow's steps, on an empty table: double, or jump to the whole buffer.
@@ -430,9 +587,14 @@ cdef class OffsetMap:
                 new = self.m.slots
             self.m.table = new
         if keep_pages:
-            # Zero what was used and fault in the table about to be probed, on this thread.
+            # Zero what was used and fault in the table about to be probed, on this thread;
+            # a drained merge left its table zeroed already.
             zeroed = max(old_table, self.m.table) if self._dirty else self.m.table
-            memset(self.m.mem, 0, <size_t>zeroed * <size_t>self.m.words * 8)
+            clean = min(self._clean_slots, zeroed)
+            if clean < zeroed:
+                memset(self.m.mem + clean * self.m.words, 0,
+                       <size_t>(zeroed - clean) * <size_t>self.m.words * 8)
+            self._clean_slots = zeroed
             self._dirty = True
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import namedtuple
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -99,6 +100,104 @@ def test_merge_refuses_strategy_maps_itself_and_a_union_that_does_not_fit():
         tiny.merge_from(many)
 
 
+def _halves(keys, cut, seed=3, n=20_000):
+    rng = np.random.default_rng(seed)
+    order = [keys[i] for i in rng.integers(0, len(keys), n)]
+    whole = _core.OffsetMap(24 * 100_000)
+    early, late = _core.OffsetMap(24 * 100_000), _core.OffsetMap(24 * 50_000)
+    for off, k in enumerate(order):
+        whole.put(k, 1000 + off)
+        (early if off < cut else late).put(k, 1000 + off)
+    return whole, early, late
+
+
+def test_merge_lookups_on_two_threads_then_inserts_equal_merge_from():
+    keys = _digest_keys(4000, seed=5)
+
+    def maps():
+        whole, early, late = _halves(keys[:3000], 10_000)
+        for i, k in enumerate(keys[3000:]):    # keys only the later map has: inserts
+            late.put(k, 50_000 + i)
+            whole.put(k, 50_000 + i)
+        return whole, early, late
+
+    whole, early, late = maps()
+    _, serial, late_again = maps()
+    serial.merge_from(late_again)
+    _, e3, l3 = maps()   # get() counts lookups: asked of a third pair
+    lacking = sum(e3.get(k) == -1 and l3.get(k) != -1 for k in keys)
+    early_size = early.size
+    mid = late.table_slots // 2
+    with ThreadPoolExecutor(2) as pool:        # the lookups of both halves at once
+        first = pool.submit(early.merge_lookup, late, 0, mid)
+        second = pool.submit(early.merge_lookup, late, mid)
+        a, b = first.result(), second.result()
+    assert len(a[1]) + len(b[1]) == lacking >= 1000   # exactly the keys early lacked
+    assert early.size == early_size                   # lookups insert nothing
+    early.merge_insert(late, a, b)
+    assert early.size == serial.size == whole.size
+    assert all(early.get(k) == serial.get(k) == whole.get(k) for k in keys)
+    assert (early.lookups, early.probes, early.latest_offset) == (
+        serial.lookups, serial.probes, serial.latest_offset)
+
+
+def test_merge_insert_after_the_table_changed_probes_again():
+    keys = _digest_keys(3000, seed=7)
+    for change in ("grow", "put"):
+        small, late = _core.OffsetMap(24 * 1_000_000), _core.OffsetMap(24 * 1_000_000)
+        for i, k in enumerate(keys):
+            late.put(k, 10_000 + i)
+        small.put(b"first", 1)
+        found = small.merge_lookup(late)
+        assert len(found[1]) == len(set(keys)) and found[2] == 0
+        if change == "grow":                   # every entry re-placed: the slots are stale
+            for i in range(40_000):
+                small.put(b"g%d" % i, 2)
+        else:                                  # slots only filled: a taken one probes again
+            for k in keys[:100]:
+                small.put(k + b"x", 3)
+        small.merge_insert(late, found)
+        assert all(small.get(k) == late.get(k) for k in keys)
+        assert small.get(b"first") == 1
+
+
+def test_merge_lookup_rejects_bad_ranges_and_a_stale_slot_is_probed_for_again():
+    early, late = _core.OffsetMap(24 * 1000), _core.OffsetMap(24 * 1000)
+    late.put(b"k", 5)
+    with pytest.raises(ValueError, match="outside"):
+        early.merge_lookup(late, 0, late.table_slots + 1)
+    with pytest.raises(ValueError, match="outside"):
+        early.merge_lookup(late, 10, 5)
+    layout, rows, drained = early.merge_lookup(late)
+    assert drained == 0 and len(rows) == 1
+    for slot in (1 << 40, -7):                 # out of range: Kafka's put finds the slot
+        bad = rows.copy()
+        bad[0, 3] = slot
+        early.merge_insert(late, (layout, bad, 0))
+    assert early.get(b"k") == 5 and early.size == 1
+
+
+def test_a_drained_merge_leaves_the_later_map_empty_and_reusable():
+    keys = _digest_keys(3000, seed=9)
+    whole, early, late = _halves(keys, 8_000)
+    table = late.table_slots
+    early.merge_from(late, drain=True)
+    assert all(early.get(k) == whole.get(k) for k in keys)
+    assert (late.size, late.lookups, late.probes, late.latest_offset) == (0, 0, 0, -1)
+    assert all(late.get(k) == -1 for k in keys)   # every slot zeroed
+    late.clear(table, keep_pages=True)
+    for i, k in enumerate(keys[:500]):
+        late.put(k, i)
+    assert late.size == len(set(keys[:500])) and late.get(keys[0]) == keys.index(keys[0])
+    # Lookups that drain only part of a map leave its count alone (a caller's mistake, but
+    # nothing breaks): the entries read are gone, the rest stay.
+    part = _core.OffsetMap(24 * 1000)
+    half = part.merge_lookup(late, 0, late.table_slots // 2, drain=True)
+    part.merge_insert(late, half)
+    assert late.size == len(set(keys[:500]))
+    assert sum(late.get(k) != -1 for k in set(keys[:500])) == late.size - half[2]
+
+
 # -- where the dirty section is split ------------------------------------------------------------
 
 Seg = namedtuple("Seg", "base_offset size")
@@ -181,7 +280,7 @@ def test_map_build_with_the_helper_equals_one_pass(tmp_path, helper_on_small_log
     try:
         one, two = _cleaner(False), _cleaner(True)
         s1, s2 = _build(one, lg), _build(two, lg)
-        assert len(helper_on_small_logs) == 1
+        assert len(helper_on_small_logs) == 1   # the later part and half the merge
         m1, m2 = one.offset_map, two.offset_map
         assert m2.lookups == m1.lookups   # every key read counted once, either way
         assert (m2.size, m2.latest_offset) == (m1.size, m1.latest_offset)
@@ -192,7 +291,7 @@ def test_map_build_with_the_helper_equals_one_pass(tmp_path, helper_on_small_log
         # The helper is free again, and the side map gave its pages back.
         assert map_helper.try_acquire()
         map_helper.release()
-        assert two._side_map.size == 0
+        assert map_helper.side_map(two.offset_map.load_factor).size == 0
     finally:
         store.close()
 
@@ -366,6 +465,66 @@ def test_an_abort_seen_by_the_helper_stops_the_build(tmp_path, helper_on_small_l
         assert c.offset_map.size > 0
     finally:
         store.close()
+
+
+def test_an_abort_on_the_cleaner_thread_releases_the_helper_waiting_to_merge(
+        tmp_path, helper_on_small_logs):
+    """The cleaner thread's part fails after the helper's ended: the helper, waiting at the
+    meeting before the merge, stops there; the side map's pages go back (it was not
+    drained), the helper is free and the next build maps normally."""
+    store, lg = _store(tmp_path / "s", FakeClock(T0))
+    try:
+        c = _cleaner(True)
+        main = threading.get_ident()
+        calls = []
+
+        def check_done(tp):
+            if threading.get_ident() == main:
+                calls.append(1)
+                if len(calls) == 3:
+                    raise CleaningAbortedError("aborted on the cleaner thread")
+
+        c.check_done = check_done
+        with pytest.raises(CleaningAbortedError, match="cleaner thread"):
+            _build(c, lg)
+        assert len(helper_on_small_logs) == 1
+        assert map_helper.try_acquire()
+        map_helper.release()
+        assert map_helper.side_map(c.offset_map.load_factor).size == 0
+        c.check_done = lambda tp: None
+        one = _cleaner(False)
+        _build(c, lg)
+        _build(one, lg)
+        assert c.offset_map.size == one.offset_map.size > 0
+    finally:
+        store.close()
+
+
+def test_spin_wait_sees_another_threads_store_and_times_out():
+    flags = np.zeros(2, dtype=np.int64)
+    assert _core.spin_wait(flags, 1, 0.001) == 0          # nobody sets it: times out
+    timer = threading.Timer(0.01, lambda: flags.__setitem__(1, 7))
+    timer.start()
+    assert _core.spin_wait(flags, 1, 5.0) == 7
+    timer.join()
+    with pytest.raises(IndexError):
+        _core.spin_wait(flags, 2, 0.001)
+
+
+def test_a_meeting_reports_how_the_other_part_went(monkeypatch):
+    monkeypatch.setattr(map_helper, "SPIN_SECONDS", 0.0)   # the sleeping path too
+    m = map_helper.Meeting()
+    threading.Timer(0.02, lambda: m.arrive(1, False)).start()
+    assert m.wait_for(1) is False
+    m.arrive(0, True)
+    assert m.wait_for(0) is True
+    late = map_helper.Meeting()
+
+    def cancelled():
+        raise map_helper.HelperCancelled("cancelled")
+
+    with pytest.raises(map_helper.HelperCancelled):
+        late.wait_for(0, cancelled)                      # nobody comes: check() ends the wait
 
 
 def test_only_a_lone_cleaner_thread_takes_the_helper(tmp_path):

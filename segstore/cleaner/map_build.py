@@ -53,7 +53,6 @@ class OffsetMapBuild:
     map_helper: bool
 
     def _init_map_build(self) -> None:
-        self._side_map: Optional["_core.OffsetMap"] = None
         self._crc_checked: set = set()
         self._table_hint: dict = {}   # TopicPartition -> table size its last map build grew to
 
@@ -61,14 +60,13 @@ class OffsetMapBuild:
         """Map keys of [start, end) to their latest offsets, stopping when the map is full."""
         omap = self.offset_map
         tp = lg.topic_partition
-        # Start the probed table at the size this partition's last build grew to: a round like
-        # the last one then skips the growth steps (each re-places every entry).
-        omap.clear(self._table_hint.get(tp, 0))
         self._crc_checked = set()   # ids of segments whose every batch CRC the map build checked
-        dirty = segments_in_range(lg.segments, start, end)
-        aborted = _aborted_array(collect_aborted_transactions(lg.segments, start, end))
+        segments = lg.segments   # one snapshot (a read-only log re-lists its directory)
+        dirty = segments_in_range(segments, start, end)
+        aborted = _aborted_array(collect_aborted_transactions(segments, start, end))
         full = False
         if not self._map_with_helper(tp, dirty, start, end, aborted, stats):
+            self._clear_map(tp)
             for i, seg in enumerate(dirty):
                 self.check_done(tp)
                 nxt = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
@@ -87,44 +85,55 @@ class OffsetMapBuild:
         if omap.strategy != "offset":
             # A strategy compares values, not offsets: an already-clean record can still beat
             # a dirty one, so the clean section updates (never adds) the mapped keys.
-            for seg in segments_in_range(lg.segments, 0, start):
+            for seg in segments_in_range(segments, 0, start):
                 if seg.base_offset >= start:
                     break
                 self._map_segment(seg, -1, aborted, stats, update_only=True, end_offset=start)
         log.info("Building offset map for log %s for %d segments in offset range [%d, %d).",
                  _name(lg), len(dirty), start, end)
 
+    def _clear_map(self, tp) -> None:
+        # Start the probed table at the size this partition's last build grew to: a round like
+        # the last one then skips the growth steps (each re-places every entry). A table no
+        # larger than that is zeroed in place: for the 1M-record benchmark's 6 MiB table,
+        # 0.4 ms, against 1 ms for dropping its pages and faulting them back in as it fills.
+        hint = self._table_hint.get(tp, 0)
+        self.offset_map.clear(hint, keep_pages=0 < self.offset_map.table_slots <= hint)
+
     def _map_with_helper(self, tp, dirty: list, start: int, end: int, aborted,
                          stats: CleanerStats) -> bool:
         """Map ``dirty`` in two parts at once, the later one into a side map on the helper
-        thread, then merge it in (cleaner/map_helper.py); False (nothing mapped) when the
+        thread, then merge it in (cleaner/map_helper.py); False (the map untouched) when the
         split does not apply or the helper is busy."""
         omap = self.offset_map
-        if not self.map_helper or omap.strategy != "offset":
+        if not self.map_helper or omap.strategy != "offset" or not map_helper_mod.try_acquire():
             return False
-        if self._side_map is None or self._side_map.load_factor != omap.load_factor:
-            self._side_map = _core.OffsetMap(map_helper_mod.SIDE_MAP_BYTES, omap.load_factor)
-        side = self._side_map
+        side = map_helper_mod.side_map(omap.load_factor)   # ours while we hold the helper
         k = map_helper_mod.split_point(dirty, start, end, omap.max_desired_size,
                                        side.max_desired_size)
-        if k is None or not map_helper_mod.try_acquire():
+        if k is None:
+            map_helper_mod.release()
             return False
         try:
             return self._map_split(tp, dirty, k, start, end, aborted, stats, side)
         finally:
-            side.clear()   # merged or not: its pages go back to the OS
+            if side.size:   # not merged: its pages go back to the OS (merged, it is drained)
+                side.clear()
             map_helper_mod.release()
 
     def _map_split(self, tp, dirty: list, k: int, start: int, end: int, aborted,
                    stats: CleanerStats, side) -> bool:
         omap = self.offset_map
         # Larger chunks while two threads map: each chunk's pages are dropped with a TLB
-        # flush that interrupts the other thread (4 MiB chunks: 19 - 20 ms, 32 MiB: 16 - 17 ms
-        # for the 1M-record benchmark section; 8 MiB keeps a round within its memory budget).
+        # flush that interrupts the other thread. 16 MiB maps each 12.7 MB segment of the 1M-
+        # record benchmark in one call (16.7 - 17.1 ms against 17.7 - 18.1 ms at 8 MiB, 19 - 20
+        # at 4 MiB); a round's peak grows by about 6 MiB, far within its budget.
         chunk = max(self.chunk_size, map_helper_mod.CHUNK_BYTES)
         # Zeroed and faulted in here, on this thread: when the helper faulted the side map's
-        # pages in itself, its first segment stalled 10 - 15 ms in one build of three.
-        side.clear(self._table_hint.get((tp, "later"), 0), keep_pages=True)
+        # pages in itself, its first segment stalled 10 - 15 ms in one build of three. Without
+        # a hint for this partition the table starts at the size it last grew to (growing
+        # re-places every entry, and touches new pages on the helper).
+        side.clear(self._table_hint.get((tp, "later"), side.table_slots), keep_pages=True)
         later = CleanerStats()
 
         def map_part(segs, into, part_stats, check=lambda: None):
@@ -134,15 +143,49 @@ class OffsetMapBuild:
                 if self._map_segment(seg, start, aborted, part_stats, omap=into, chunk=chunk):
                     raise AssertionError("an offset map filled: its offsets were bounded")
 
-        job = map_helper_mod.start(lambda check: map_part(dirty[k:], side, later, check))
+        # After mapping, each thread looks up half of the side map's slots in the map
+        # (OffsetMap.merge_lookup writes only the offsets of keys the map holds, so the halves
+        # cannot collide); this thread then inserts the keys the map lacked, in order. On one
+        # thread the merge was an eighth of the build (2.1 of 18 ms, 1M records). The threads
+        # meet in between (each half reads the whole side map's table for its range, and
+        # writes into the map) without the helper going to sleep: a new job for it started
+        # 0.5 - 0.7 ms late. The lookups drain the side map as they read it: zeroing it at
+        # the next build's start took 1 ms (its pages faulted in again), the helper waiting.
+        meeting = map_helper_mod.Meeting()
+
+        def later_part(check):
+            ok = False
+            try:
+                map_part(dirty[k:], side, later, check)
+                ok = True
+            finally:
+                meeting.arrive(1, ok)
+            if meeting.wait_for(0, check):
+                return omap.merge_lookup(side, side.table_slots // 2, drain=True)
+            return None
+
+        job = map_helper_mod.start(later_part)
         if job is None:
             return False
+        earlier = []
+
+        def earlier_part():
+            ok = False
+            try:
+                self._clear_map(tp)   # while the helper maps already
+                map_part(dirty[:k], omap, stats)
+                ok = True
+            finally:
+                meeting.arrive(0, ok)
+            if meeting.wait_for(1):
+                earlier.append(omap.merge_lookup(side, 0, side.table_slots // 2, drain=True))
+
         # The helper never outlives the round's maps: beside() waits for it.
-        _, error = job.beside(lambda: map_part(dirty[:k], omap, stats))
+        looked_up, error = job.beside(earlier_part)
         if error is not None:
             raise error
         self._table_hint[(tp, "later")] = side.table_slots
-        omap.merge_from(side)
+        omap.merge_insert(side, earlier[0], looked_up)
         omap.update_latest_offset(end - 1)   # as the last segment of one pass leaves it
         stats.map_messages_read += later.map_messages_read
         stats.map_bytes_read += later.map_bytes_read

@@ -8,7 +8,7 @@ once):
 - the map: ``Cleaner.build_offset_map`` maps the later segments of the dirty section into a
   side map while it maps the earlier ones into its own, then merges the side map in
   (``OffsetMap.merge_from``: every later offset overwrites an earlier one, exactly as mapping
-  the segments in order would);
+  the segments in order would), the merge's lookups also split between the two threads;
 - the filter: ``Cleaner.clean_groups`` lets a sibling Cleaner filter the later groups into
   their ``.cleaned`` segments while it cleans the earlier ones, then swaps them in, in order.
   Only groups whose batches are all plain (no producer id, control, codec or legacy format),
@@ -34,15 +34,18 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+import numpy as np
+
+from .. import _core
 from ..errors import CleaningAbortedError
 
 SIDE_MAP_BYTES = 16 << 20   # the side map's buffer: 699,050 slots, touched as it fills and
-                            # given back after each build
+                            # kept between builds (zeroed by the merge that drains it)
 MIN_BYTES = 16 << 20        # smaller dirty sections: a thread hand-off costs what it saves
 LATER_SHARE = 0.55          # of the bytes, at most, for the helper: the merge follows the
                             # earlier part on the cleaner's own thread
 MIN_LATER_SHARE = 0.2       # a smaller later part is not worth the merge
-CHUNK_BYTES = 8 << 20       # mapped per call while both threads map (see map_build)
+CHUNK_BYTES = 16 << 20      # mapped per call while both threads map (see map_build)
 
 _lock = threading.Lock()
 _pool: Optional[ThreadPoolExecutor] = None
@@ -95,6 +98,19 @@ def filter_split_point(group_bytes: list) -> Optional[int]:
         later += group_bytes[i]
         k = i
     return k if later >= total * MIN_LATER_SHARE and k < len(group_bytes) else None
+
+
+_side_maps: dict = {}   # load factor -> the side map (one helper, so one in use, per process)
+
+
+def side_map(load_factor: float):
+    """The helper's side map for maps of ``load_factor``; the caller holds the helper. One per
+    process, kept between rounds and stores: a merge drains it (leaves its table zeroed), and
+    a new map's pages cost a round 10 ms or more to fault in on this project's VMs."""
+    m = _side_maps.get(load_factor)
+    if m is None:
+        m = _side_maps[load_factor] = _core.OffsetMap(SIDE_MAP_BYTES, load_factor)
+    return m
 
 
 def try_acquire() -> bool:
@@ -163,6 +179,32 @@ class HelperJob:
             self.cancel()
         result, error, interrupt = self.finish()
         return result, failure or interrupt or error
+
+
+SPIN_SECONDS = 0.002   # a meeting's wait spins this long before it sleeps
+
+
+class Meeting:
+    """Where the cleaner thread (0) and the helper (1) wait for each other between two
+    phases of a round. Each thread ``arrive``s, saying whether its part went well, then
+    ``wait_for`` the other: the wait spins briefly without the GIL (``_core.spin_wait``)
+    before it sleeps, since a thread woken from sleep on a VM started 0.5 - 0.7 ms late."""
+
+    def __init__(self):
+        self._flags = np.zeros(2, dtype=np.int64)   # 0: not yet, 1: arrived ok, 2: failed
+        self._arrived = (threading.Event(), threading.Event())
+
+    def arrive(self, who: int, ok: bool) -> None:
+        self._flags[who] = 1 if ok else 2
+        self._arrived[who].set()
+
+    def wait_for(self, who: int, check=lambda: None) -> bool:
+        """Wait until thread ``who`` arrives (``check()`` runs between sleeps: the helper's
+        raises once the job is cancelled); whether its part went well."""
+        if not _core.spin_wait(self._flags, who, SPIN_SECONDS):
+            while not self._arrived[who].wait(0.005):
+                check()
+        return int(self._flags[who]) == 1
 
 
 def start(fn) -> Optional[HelperJob]:
