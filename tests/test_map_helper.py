@@ -242,6 +242,61 @@ def test_filter_split_point_takes_the_last_groups_up_to_the_later_share(monkeypa
     assert map_helper.filter_split_point([10] * 10) is None
 
 
+def test_offset_counts_count_the_latest_offset_of_every_key_per_range():
+    m = _core.OffsetMap(24 * 10_000)
+    rng = np.random.default_rng(4)
+    keys = rng.integers(0, 500, 5_000)
+    last = {}
+    for off, k in enumerate(keys):
+        m.put(b"k%d" % k, off)
+        last[int(k)] = off
+    bounds = [0, 1000, 1000, 2500, 4999, 5000]
+    want = [sum(lo <= o < hi for o in last.values()) for lo, hi in zip(bounds, bounds[1:])]
+    assert m.offset_counts(bounds).tolist() == want
+    assert m.offset_counts([100, 200]).tolist() == [sum(100 <= o < 200 for o in last.values())]
+    for bad in ([5], [3, 1], [[0, 1]]):
+        with pytest.raises(ValueError, match="ascending"):
+            m.offset_counts(bad)
+
+
+def test_the_filter_split_weighs_groups_by_what_they_keep(tmp_path, monkeypatch):
+    """Uniform keys: the latest record of most keys is in the last segments, which keep (and
+    write) most of a round's output. The helper then takes fewer, heavier groups than an
+    even split of the bytes would give it."""
+    from segstore.cleaner import cleaner as cleaner_mod
+    monkeypatch.setattr(map_helper, "MIN_BYTES", 0)
+    clock = FakeClock(T0)
+    store = segstore.open(str(tmp_path / "s"), clock=clock)
+    try:
+        store.create_topic("t", 1, config={"cleanup.policy": "compact",
+                                           "segment.bytes": 100_000})
+        lg = store.partition("t", 0)
+        rng = np.random.default_rng(8)
+        for _ in range(80):
+            idx = rng.integers(0, 3_000, 500)
+            lg.append_batch([b"v" * 40] * len(idx), keys=[b"key-%05d" % i for i in idx])
+        lg.roll()
+        c = _cleaner(True)
+        end = lg.segments[-1].base_offset
+        c.build_offset_map(lg, 0, end, CleanerStats())
+        groups = cleaner_mod.group_segments_by_size(lg.segments, 100_000, 10 << 20, end)
+        sizes = [sum(seg.size for seg in g) for g in groups]
+        bases = [g[0].base_offset for g in groups] + [end]
+        kept = c.offset_map.offset_counts(bases)
+        assert kept.sum() == c.offset_map.size and kept[-1] > 5 * kept[0]
+        by_bytes = map_helper.filter_split_point(sizes)
+        weighted = c._filter_split(groups, 0, end)
+        assert by_bytes is not None and weighted is not None and weighted > by_bytes
+        monkeypatch.setattr(cleaner_mod, "OUTPUT_WEIGHT", 0.0)
+        assert c._filter_split(groups, 0, end) == by_bytes
+        # A clean-section group counts as kept whole.
+        monkeypatch.setattr(cleaner_mod, "OUTPUT_WEIGHT", 3.5)
+        assert c._filter_split(groups, end, end) == map_helper.filter_split_point(
+            [x * 4.5 for x in sizes])
+    finally:
+        store.close()
+
+
 # -- a map build and a round with and without the helper ---------------------------------------
 
 def _store(root, clock, n_records=60_000, n_keys=5_000, seed=3, gzip=True, **topic):

@@ -85,9 +85,9 @@ def split_point(dirty: list, start: int, end: int, max_desired: int,
 
 
 def filter_split_point(group_bytes: list) -> Optional[int]:
-    """Index of the first group (of cleaning's groups, by their bytes) the helper filters, or
-    None: the longest run of last groups holding at most LATER_SHARE of the bytes, if that is
-    MIN_LATER_SHARE or more."""
+    """Index of the first group (of cleaning's groups, by their bytes, or the bytes their
+    filtering is expected to cost) the helper filters, or None: the longest run of last groups
+    holding at most LATER_SHARE of the bytes, if that is MIN_LATER_SHARE or more."""
     total = sum(group_bytes)
     if len(group_bytes) < 2 or total < MIN_BYTES:
         return None
