@@ -212,13 +212,14 @@ cdef inline int _map_put_from(MapCore* m, uint64_t h1, uint64_t h2, int64_t slot
 
 
 cdef int64_t _map_merge_lookup(MapCore* m, MapCore* src, int64_t start, int64_t stop,
-                               bint drain, int64_t* misses, int64_t* drained) noexcept nogil:
+                               bint drain, int64_t* misses, int64_t cap,
+                               int64_t* drained) noexcept nogil:
     """A merge's first phase over src's slots [start, stop) (``src`` was built over records
     that all come after those of ``m``): an entry whose digest ``m`` holds overwrites its
     offset; the others are listed in ``misses`` as rows (h1, h2, offset, first empty slot of
-    its probe sequence in m, or -1) and counted in the result. ``drain`` zeroes each entry
-    of src once read (counted in ``drained``): the merged map is then clean without a pass
-    of its own.
+    its probe sequence in m, or -1) and counted in the result (-1 when there are more than
+    ``cap``: src changed meanwhile). ``drain`` zeroes each entry of src once read (counted in
+    ``drained``): the merged map is then clean without a pass of its own.
 
     It writes nothing in ``m`` but the offsets of the entries found (no counter, no insert),
     and in ``src`` only the range's own slots, so two threads may run it at once over
@@ -267,6 +268,9 @@ cdef int64_t _map_merge_lookup(MapCore* m, MapCore* src, int64_t start, int64_t 
                     break
                 slot = _probe_slot(m, h1, h2, attempt)
             if slot != -2:
+                if found == cap:
+                    drained[0] = taken
+                    return -1
                 misses[4 * found] = <int64_t>h1
                 misses[4 * found + 1] = <int64_t>h2
                 misses[4 * found + 2] = <int64_t>offset
@@ -514,7 +518,10 @@ cdef class OffsetMap:
         if out.shape[0]:
             with nogil:
                 found = _map_merge_lookup(&self.m, &later.m, start, end, drain, &out[0, 0],
-                                          &drained)
+                                          out.shape[0], &drained)
+        if found < 0:
+            raise RuntimeError("the merged map gained entries during merge_lookup (maps being "
+                               "merged must not change meanwhile)")
         return (self.m.layout, rows[:found], drained)
 
     def merge_insert(self, OffsetMap later, *lookups) -> None:
