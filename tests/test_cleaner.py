@@ -304,10 +304,13 @@ def test_cleaned_segment_of_a_preallocated_topic_is_trimmed(root, clock):
 
 # -- #37 large batches, buffer growth and corrupt segments ----------------------------------------
 
-def test_batches_larger_than_the_io_buffer_and_max_message_bytes(root, clock, caplog):
-    """#37 (KAFKA-4019, KAFKA-6834): batches bigger than the cleaner's chunk (at least 4 MiB
-    here: segstore's floor) grow the buffers, and still clean after the topic's
-    max.message.bytes is lowered below them."""
+def test_batches_larger_than_the_io_buffer_and_max_message_bytes(root, clock, caplog,
+                                                                monkeypatch):
+    """#37 (KAFKA-4019, KAFKA-6834): batches bigger than the cleaner's chunk (segstore's floor,
+    set to 4 MiB here to keep the batches small) grow the buffers, and still clean after the
+    topic's max.message.bytes is lowered below them."""
+    from segstore.cleaner import cleaner as cleaner_mod
+    monkeypatch.setattr(cleaner_mod, "MIN_CHUNK", 4 * MB)
     st = open_store(root, clock)
     lg = compacted_topic(st, segment_bytes=64 * MB, max_message_bytes=16 * MB)
     big = 5 * MB

@@ -112,6 +112,7 @@ def test_cleaned_output_is_gathered_before_each_write(tmp_path, monkeypatch):
 
     gather = 6 << 20   # more than what one 4 MiB input chunk filters to
     monkeypatch.setattr(cleaner_mod, "OUTPUT_GATHER", gather)
+    monkeypatch.setattr(cleaner_mod, "MIN_CHUNK", 4 << 20)   # input chunks of 4 MiB
     pieces = []
     real_append = cleaner_mod.Cleaner._append
 

@@ -37,7 +37,7 @@ ATTR_LOG_APPEND_TIME = 0x08
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 ATTR_DELETE_HORIZON = 0x40
-MIN_CHUNK = 4 << 20   # below this, per-chunk Python costs more than the I/O buffer saves
+MIN_CHUNK = 16 << 20  # below this, per-chunk Python costs more than the I/O buffer saves
 # Cleaned output is gathered to this much before each write: a chunk of mostly superseded
 # records filters to a few hundred KiB, and written that small a cleaned segment sits in small
 # page-cache folios, which every later map of it pays for in faults (docs/performance.md).
