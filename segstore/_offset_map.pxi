@@ -604,37 +604,6 @@ cdef class OffsetMap:
             self._clean_slots = zeroed
             self._dirty = True
 
-    def offset_counts(self, bounds) -> np.ndarray:
-        """How many entries map to an offset in each ``[bounds[i], bounds[i + 1])``
-        (``bounds`` ascending): after a map build, how many records of each range a cleaning
-        round keeps (its keyed survivors). One pass over the table without the GIL."""
-        b = np.ascontiguousarray(bounds, dtype=np.int64)
-        if b.ndim != 1 or len(b) < 2 or (np.diff(b) < 0).any():
-            raise ValueError("bounds must be an ascending sequence of at least two offsets")
-        counts = np.zeros(len(b) - 1, dtype=np.int64)
-        cdef const int64_t[::1] bv = b
-        cdef int64_t[::1] cv = counts
-        cdef int64_t i, lo, hi, mid, off, nb = bv.shape[0]
-        cdef const uint64_t* e
-        with nogil:
-            for i in range(self.m.table):
-                e = self.m.mem + i * self.m.words
-                if (e[0] | e[1] | e[2]) == 0:
-                    continue
-                off = <int64_t>e[2]
-                if off < bv[0] or off >= bv[nb - 1]:
-                    continue
-                lo = 0          # the last bound <= off
-                hi = nb - 1
-                while hi - lo > 1:
-                    mid = (lo + hi) >> 1
-                    if bv[mid] <= off:
-                        lo = mid
-                    else:
-                        hi = mid
-                cv[lo] += 1
-        return counts
-
     @property
     def table_slots(self) -> int:
         """Slots probed now: the table doubles as it half fills, up to ``slots``."""

@@ -231,70 +231,13 @@ def test_split_point_declines_what_could_change_the_result(monkeypatch):
     assert map_helper.split_point(segs, 0, 10_000, 1_000_000, 1_000_000) is None
 
 
-def test_filter_split_point_takes_the_last_groups_up_to_the_later_share(monkeypatch):
+def test_the_filter_is_shared_from_two_groups_and_min_bytes(monkeypatch):
     monkeypatch.setattr(map_helper, "MIN_BYTES", 0)
-    assert map_helper.filter_split_point([10] * 10) == 5
-    assert map_helper.filter_split_point([10, 10, 10, 70]) is None   # the last is too large
-    assert map_helper.filter_split_point([50, 30, 20]) == 1          # 50% of the bytes
-    assert map_helper.filter_split_point([90, 5, 5]) is None         # 10%: not worth it
-    assert map_helper.filter_split_point([100]) is None
+    assert map_helper.filter_worth_splitting([10, 10])
+    assert not map_helper.filter_worth_splitting([100])
     monkeypatch.setattr(map_helper, "MIN_BYTES", 1000)
-    assert map_helper.filter_split_point([10] * 10) is None
-
-
-def test_offset_counts_count_the_latest_offset_of_every_key_per_range():
-    m = _core.OffsetMap(24 * 10_000)
-    rng = np.random.default_rng(4)
-    keys = rng.integers(0, 500, 5_000)
-    last = {}
-    for off, k in enumerate(keys):
-        m.put(b"k%d" % k, off)
-        last[int(k)] = off
-    bounds = [0, 1000, 1000, 2500, 4999, 5000]
-    want = [sum(lo <= o < hi for o in last.values()) for lo, hi in zip(bounds, bounds[1:])]
-    assert m.offset_counts(bounds).tolist() == want
-    assert m.offset_counts([100, 200]).tolist() == [sum(100 <= o < 200 for o in last.values())]
-    for bad in ([5], [3, 1], [[0, 1]]):
-        with pytest.raises(ValueError, match="ascending"):
-            m.offset_counts(bad)
-
-
-def test_the_filter_split_weighs_groups_by_what_they_keep(tmp_path, monkeypatch):
-    """Uniform keys: the latest record of most keys is in the last segments, which keep (and
-    write) most of a round's output. The helper then takes fewer, heavier groups than an
-    even split of the bytes would give it."""
-    from segstore.cleaner import cleaner as cleaner_mod
-    monkeypatch.setattr(map_helper, "MIN_BYTES", 0)
-    clock = FakeClock(T0)
-    store = segstore.open(str(tmp_path / "s"), clock=clock)
-    try:
-        store.create_topic("t", 1, config={"cleanup.policy": "compact",
-                                           "segment.bytes": 100_000})
-        lg = store.partition("t", 0)
-        rng = np.random.default_rng(8)
-        for _ in range(80):
-            idx = rng.integers(0, 3_000, 500)
-            lg.append_batch([b"v" * 40] * len(idx), keys=[b"key-%05d" % i for i in idx])
-        lg.roll()
-        c = _cleaner(True)
-        end = lg.segments[-1].base_offset
-        c.build_offset_map(lg, 0, end, CleanerStats())
-        groups = cleaner_mod.group_segments_by_size(lg.segments, 100_000, 10 << 20, end)
-        sizes = [sum(seg.size for seg in g) for g in groups]
-        bases = [g[0].base_offset for g in groups] + [end]
-        kept = c.offset_map.offset_counts(bases)
-        assert kept.sum() == c.offset_map.size and kept[-1] > 5 * kept[0]
-        by_bytes = map_helper.filter_split_point(sizes)
-        weighted = c._filter_split(groups, 0, end)
-        assert by_bytes is not None and weighted is not None and weighted > by_bytes
-        monkeypatch.setattr(cleaner_mod, "OUTPUT_WEIGHT", 0.0)
-        assert c._filter_split(groups, 0, end) == by_bytes
-        # A clean-section group counts as kept whole.
-        monkeypatch.setattr(cleaner_mod, "OUTPUT_WEIGHT", 3.5)
-        assert c._filter_split(groups, end, end) == map_helper.filter_split_point(
-            [x * 4.5 for x in sizes])
-    finally:
-        store.close()
+    assert not map_helper.filter_worth_splitting([10] * 10)
+    assert map_helper.filter_worth_splitting([500, 500])
 
 
 # -- a map build and a round with and without the helper ---------------------------------------
@@ -393,6 +336,21 @@ def _round(root, helper, **kw):
         store.close()
 
 
+def _record_helper_groups(monkeypatch) -> list:
+    """The log file names of the groups Cleaner.write_cleaned is called with on the helper
+    thread (recorded before the call)."""
+    names = []
+    real = Cleaner.write_cleaned
+
+    def recording(self, lg, group, *a, **k):
+        if threading.get_ident() != threading.main_thread().ident:
+            names.extend(os.path.basename(seg.log_path) for seg in group)
+        return real(self, lg, group, *a, **k)
+
+    monkeypatch.setattr(Cleaner, "write_cleaned", recording)
+    return names
+
+
 def _helper_filtered(uses) -> int:
     return sum(getattr(fn, "__name__", "") == "write_later" for fn in uses)
 
@@ -405,13 +363,51 @@ def test_the_helper_filters_later_plain_groups_to_the_same_bytes(tmp_path,
     assert with_helper == without and without[2] == []
 
 
-def test_groups_with_batches_the_kernel_cannot_decide_are_not_split(tmp_path,
+@pytest.mark.parametrize("held", ["helper", "cleaner thread"])
+def test_the_threads_share_the_groups_from_both_ends_whatever_each_costs(
+        tmp_path, monkeypatch, helper_on_small_logs, held):
+    """One thread is held at its first group until the other has cleaned three: the other
+    takes on more groups. Whatever the interleaving, the cleaner thread's groups are a prefix
+    of the round's, the helper's the rest, each cleaned once, and the bytes are those of a
+    round on one thread."""
+    without = _round(tmp_path / "a", False, gzip=False)
+    main = threading.main_thread().ident
+    real = Cleaner.write_cleaned
+    order = {"main": [], "helper": []}
+    three_done = threading.Event()
+
+    def write_cleaned(self, lg, group, *a, **k):
+        mine = "main" if threading.get_ident() == main else "helper"
+        waiting = ("helper" if held == "helper" else "main") == mine
+        if waiting and not order[mine]:
+            assert three_done.wait(60), "the other thread never cleaned three groups"
+        order[mine].append(group[0].base_offset)
+        result = real(self, lg, group, *a, **k)
+        if not waiting and len(order[mine]) == 3:
+            three_done.set()
+        return result
+
+    monkeypatch.setattr(Cleaner, "write_cleaned", write_cleaned)
+    with_helper = _round(tmp_path / "b", True, gzip=False)
+    assert _helper_filtered(helper_on_small_logs) == 1
+    assert with_helper == without
+    front, back = order["main"], sorted(order["helper"])
+    other = back if held == "cleaner thread" else front
+    assert len(other) >= 3 and len(order["main"]) >= 1 and len(order["helper"]) >= 1
+    assert order["helper"] == sorted(order["helper"], reverse=True)   # from the last one back
+    assert front == sorted(front) and max(front) < min(back)           # prefix, then the rest
+    assert len(set(front + back)) == len(front + back)
+
+
+def test_groups_with_batches_the_kernel_cannot_decide_are_not_split(tmp_path, monkeypatch,
                                                                    helper_on_small_logs):
-    """Compressed batches in the later groups (as transactional or producer batches would):
-    the filter is not split (the map still may be), and the bytes are the same."""
+    """A compressed batch in the last group (as transactional or producer batches would):
+    the helper, which takes groups from the last one back, leaves it and every group to the
+    cleaner thread (the map may still be split), and the bytes are the same."""
     without = _round(tmp_path / "a", False, n_records=60_000, gzip=True, gzip_last=True)
+    helper_groups = _record_helper_groups(monkeypatch)
     with_helper = _round(tmp_path / "b", True, n_records=60_000, gzip=True, gzip_last=True)
-    assert _helper_filtered(helper_on_small_logs) == 0
+    assert _helper_filtered(helper_on_small_logs) == 1 and helper_groups == []
     assert with_helper == without
 
 
@@ -438,15 +434,6 @@ def test_a_failed_split_round_leaves_the_log_as_it_was(tmp_path, monkeypatch,
     store, lg = _store(tmp_path / "s", clock, gzip=False)
     try:
         before, want = _log_files(lg), _table(lg)
-        splits = []
-        real_split = Cleaner._filter_split
-
-        def recording_split(self, groups, *a):
-            k = real_split(self, groups, *a)
-            splits.append([os.path.basename(seg.log_path) for g in groups[k:] for seg in g])
-            return k
-
-        monkeypatch.setattr(Cleaner, "_filter_split", recording_split)
         if where == "helper":
             _failing_in_helper(monkeypatch, "write_cleaned")
         else:
@@ -461,6 +448,7 @@ def test_a_failed_split_round_leaves_the_log_as_it_was(tmp_path, monkeypatch,
                 return real(self, *a, **k)
 
             monkeypatch.setattr(Cleaner, "write_cleaned", failing_second)
+        helper_groups = _record_helper_groups(monkeypatch)
         with pytest.raises(OSError, match="injected"):
             store.cleaner.clean_log(-1, store.cleaner_manager.grab_log(lg.topic_partition,
                                                                        clock.now, force=True),
@@ -469,8 +457,8 @@ def test_a_failed_split_round_leaves_the_log_as_it_was(tmp_path, monkeypatch,
         names = os.listdir(lg.directory)
         assert not [n for n in names if n.endswith((".cleaned", ".swap"))], names
         after = _log_files(lg)
-        # The helper's groups were never swapped in: byte for byte as before.
-        later = [n for n in splits[0] if n in before]
+        # The groups the helper took were never swapped in: byte for byte as before.
+        later = [n for n in helper_groups if n in before]
         assert later and all(after.get(n) == before[n] for n in later), later
         assert _table(lg) == want          # nothing lost: swapped groups are whole
         monkeypatch.undo()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
 import time
 from typing import Callable, Optional
 
@@ -42,10 +43,6 @@ MIN_CHUNK = 16 << 20  # below this, per-chunk Python costs more than the I/O buf
 # records filters to a few hundred KiB, and written that small a cleaned segment sits in small
 # page-cache folios, which every later map of it pays for in faults (docs/performance.md).
 OUTPUT_GATHER = 8 << 20
-# What filtering a kept byte costs against a byte read (its copy, the write into the page cache
-# and its fsync): the 1M-record benchmark's groups took 5 ms each to filter and sync with
-# almost nothing kept, its last 17 ms with 8 MB kept (3.4 against 0.4 ms per MB read).
-OUTPUT_WEIGHT = 3.5
 
 
 def _output_buffer(size: int):
@@ -109,6 +106,34 @@ def _sync_files_without_gil(paths) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class _GroupClaims:
+    """The groups of a split round not taken yet, ``[front, back]``: the cleaner thread takes
+    them from the front, the helper from the back."""
+
+    def __init__(self, n: int):
+        self._lock = threading.Lock()
+        self.front, self.back = 0, n - 1
+
+    def first(self) -> Optional[int]:
+        with self._lock:
+            if self.front > self.back:
+                return None
+            self.front += 1
+            return self.front - 1
+
+    def last(self) -> Optional[int]:
+        with self._lock:
+            if self.front > self.back:
+                return None
+            self.back -= 1
+            return self.back + 1
+
+    def give_back(self, i: int) -> None:
+        """Return group ``i``, the last one taken from the back."""
+        with self._lock:
+            self.back = i
 
 
 class Cleaner(OffsetMapBuild):
@@ -184,22 +209,24 @@ class Cleaner(OffsetMapBuild):
                      truncations: int, stats: CleanerStats) -> list:
         """Clean and swap in every group, in order; the BatchFilters used (their stats add up).
 
-        With the map helper (cleaner/map_helper.py) the later groups, when every batch in them
-        is plain (no producer id, control, codec or legacy format: nothing the transaction
-        state or active producers decide), are filtered into ``.cleaned`` segments on the
-        helper thread by a sibling Cleaner (its own output buffer and filter) while this
-        thread cleans the earlier ones; this thread then swaps them in, in order, as it would
-        have. The cleaned bytes are the same either way."""
+        With the map helper (cleaner/map_helper.py) the two threads share the groups from both
+        ends: this thread cleans and swaps in groups from the first on, while a sibling Cleaner
+        (its own output buffer and filter) on the helper thread filters groups from the last
+        one back into ``.cleaned`` segments, each thread taking the next group as it finishes
+        one, until they meet. The helper takes only plain groups (no producer id, control,
+        codec or legacy format: nothing the transaction state or active producers decide); at
+        the first other one it stops and leaves it, and the groups before it, to this thread.
+        This thread then swaps the helper's segments in, in order, as it would have. The
+        cleaned bytes are the same either way."""
         def new_filter():
             return _core.BatchFilter(self.offset_map, now, lg.config.delete_retention_ms, upper)
 
         filt = new_filter()
-        k = self._filter_split(groups, stats.first_dirty_offset, stats.end_offset)
         later = None
-        if k is not None and map_helper_mod.try_acquire():
+        if self._split_filter(groups) and map_helper_mod.try_acquire():
             try:
                 later_filt = new_filter()
-                later = self._clean_split(lg, groups, k, filt, later_filt, txn, now,
+                later = self._clean_split(lg, groups, filt, later_filt, txn, now,
                                           legacy_horizon, upper, truncations, stats)
             finally:
                 map_helper_mod.release()
@@ -208,69 +235,82 @@ class Cleaner(OffsetMapBuild):
                 self.clean_segments(lg, group, filt, txn, now, legacy_horizon, upper,
                                     truncations, stats)
             return [filt]
-        for i, (cleaned, group) in enumerate(zip(later, groups[k:])):
+        for i, (cleaned, group) in enumerate(later):
             try:
                 self.swap_in(lg, cleaned, group, truncations, stats)
             except BaseException:
-                _discard(later[i + 1:])
+                _discard([c for c, _ in later[i + 1:]])
                 raise
         return [filt, later_filt]
 
-    def _clean_split(self, lg, groups: list, k: int, filt, later_filt, txn, now: int,
+    def _clean_split(self, lg, groups: list, filt, later_filt, txn, now: int,
                      legacy_horizon: int, upper: int, truncations: int,
                      stats: CleanerStats) -> Optional[list]:
-        """Groups [0, k) cleaned and swapped in here while the helper writes the cleaned
-        segments of groups [k, n); those segments (not swapped in), or None when the helper
-        could not start (nothing done). On any error, none of the helper's files is left.
-        The sibling, and its output buffer, last only as long as this call."""
+        """Groups cleaned and swapped in here from the first on while the helper writes the
+        cleaned segments of groups from the last one back (see clean_groups). Returns the
+        helper's ``(cleaned segment, group)`` pairs in group order, not swapped in, once this
+        thread has cleaned every other group; None when the helper could not start (nothing
+        done). On any error none of the helper's files is left. The sibling, and its output
+        buffer, last only as long as this call.
+
+        Sharing the groups as they come balances the threads whatever each group costs: the
+        last groups keep (and write) most of a round's output, and what writing it costs here
+        depends on whether its page-cache pages are new to the VM (the benchmark's last group
+        took 11 - 26 ms to filter, the first ones 5 ms)."""
         sibling = Cleaner(self.thread_id, self.offset_map, self.chunk_size, self.throttler,
                           self.clock, map_helper=False)
         sibling._crc_checked = self._crc_checked
+        claims = _GroupClaims(len(groups))
 
         def write_later(check):
             def check_done(tp):
                 check()
                 self.check_done(tp)
             sibling.check_done = check_done
-            return sibling.write_cleaned_groups(lg, groups[k:], later_filt, now,
-                                                legacy_horizon, upper)
+            plain_txn = CleanedTransactionMetadata()   # plain batches never consult it
+            done = []
+            try:
+                while True:
+                    i = claims.last()
+                    if i is None:
+                        break
+                    check_done(lg.topic_partition)
+                    if not all(sibling._plain_segment(seg) for seg in groups[i]):
+                        claims.give_back(i)   # it, and all before it, are this thread's
+                        break
+                    done.append((sibling.write_cleaned(lg, groups[i], later_filt, plain_txn,
+                                                       now, legacy_horizon, upper), groups[i]))
+            except BaseException:
+                _discard([c for c, _ in done])
+                raise
+            return done[::-1]
 
         def clean_earlier():
-            for group in groups[:k]:
-                self.clean_segments(lg, group, filt, txn, now, legacy_horizon, upper,
+            while True:
+                i = claims.first()
+                if i is None:
+                    return
+                self.clean_segments(lg, groups[i], filt, txn, now, legacy_horizon, upper,
                                     truncations, stats)
 
         job = map_helper_mod.start(write_later)
         if job is None:
             return None
         later, error = job.beside(clean_earlier)   # the helper never outlives the round
+        if error is None:
+            try:
+                clean_earlier()   # a group the helper gave back after this thread's last look
+            except BaseException as e:
+                error = e
         if error is not None:
-            _discard(later or ())
+            _discard([c for c, _ in later or ()])
             raise error
         return later
 
-    def _filter_split(self, groups: list, first_dirty: int, end: int) -> Optional[int]:
-        """Index of the first group the helper filters, or None.
-
-        Groups are weighed by their bytes plus OUTPUT_WEIGHT times the bytes they keep: most
-        of a round's output comes from its last groups, where the latest record of most keys
-        is. A dirty group keeps the share of its offsets that the offset map points at; a
-        group of the clean section is taken as kept whole (its keys are mostly distinct)."""
-        if not self.map_helper or len(groups) < 2:
-            return None
-        sizes = [sum(s.size for s in g) for g in groups]
-        bases = [g[0].base_offset for g in groups]
-        bounds = bases + [max(end, bases[-1])]
-        kept = self.offset_map.offset_counts(bounds)
-        weights = []
-        for i, size in enumerate(sizes):
-            span = bounds[i + 1] - bounds[i]
-            share = 1.0 if bases[i] < first_dirty or span <= 0 else min(1.0, kept[i] / span)
-            weights.append(size * (1.0 + OUTPUT_WEIGHT * share))
-        k = map_helper_mod.filter_split_point(weights)
-        if k is None or not all(self._plain_segment(seg) for g in groups[k:] for seg in g):
-            return None
-        return k
+    def _split_filter(self, groups: list) -> bool:
+        """Whether the helper shares the filtering of ``groups``."""
+        return self.map_helper and map_helper_mod.filter_worth_splitting(
+            [sum(s.size for s in g) for g in groups])
 
     def _plain_segment(self, seg) -> bool:
         """Whether every batch of ``seg`` is plain (``_core.plain_batches``), walked a chunk at
@@ -290,21 +330,6 @@ class Cleaner(OffsetMapBuild):
                 return False
             pos = stop
         return True
-
-    def write_cleaned_groups(self, lg, groups: list, filt, now: int, legacy_horizon: int,
-                             upper: int) -> list:
-        """Filter plain groups into their ``.cleaned`` segments (not swapped in); on an error
-        none of them is left."""
-        done = []
-        txn = CleanedTransactionMetadata()   # plain batches never consult it
-        try:
-            for group in groups:
-                done.append(self.write_cleaned(lg, group, filt, txn, now, legacy_horizon,
-                                               upper))
-        except BaseException:
-            _discard(done)
-            raise
-        return done
 
     def clean_segments(self, lg, group, filt, txn, now: int, legacy_horizon: int, upper: int,
                        truncations: int, stats: CleanerStats) -> None:

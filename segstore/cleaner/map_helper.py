@@ -9,10 +9,12 @@ once):
   side map while it maps the earlier ones into its own, then merges the side map in
   (``OffsetMap.merge_from``: every later offset overwrites an earlier one, exactly as mapping
   the segments in order would), the merge's lookups also split between the two threads;
-- the filter: ``Cleaner.clean_groups`` lets a sibling Cleaner filter the later groups into
-  their ``.cleaned`` segments while it cleans the earlier ones, then swaps them in, in order.
-  Only groups whose batches are all plain (no producer id, control, codec or legacy format),
-  which the filter kernel decides without the transaction state or the active producers.
+- the filter: ``Cleaner.clean_groups`` lets a sibling Cleaner filter groups into their
+  ``.cleaned`` segments from the last one back while it cleans groups from the first on,
+  each thread taking the next group as it finishes one, then swaps the helper's in, in
+  order. Only groups whose batches are all plain (no producer id, control, codec or legacy
+  format), which the filter kernel decides without the transaction state or the active
+  producers.
 
 The map is split only when the result cannot differ from one pass in order:
 
@@ -84,20 +86,10 @@ def split_point(dirty: list, start: int, end: int, max_desired: int,
     return k
 
 
-def filter_split_point(group_bytes: list) -> Optional[int]:
-    """Index of the first group (of cleaning's groups, by their bytes, or the bytes their
-    filtering is expected to cost) the helper filters, or None: the longest run of last groups
-    holding at most LATER_SHARE of the bytes, if that is MIN_LATER_SHARE or more."""
-    total = sum(group_bytes)
-    if len(group_bytes) < 2 or total < MIN_BYTES:
-        return None
-    later, k = 0, len(group_bytes)
-    for i in range(len(group_bytes) - 1, 0, -1):
-        if later + group_bytes[i] > total * LATER_SHARE:
-            break
-        later += group_bytes[i]
-        k = i
-    return k if later >= total * MIN_LATER_SHARE and k < len(group_bytes) else None
+def filter_worth_splitting(group_bytes: list) -> bool:
+    """Whether cleaning's groups (by their bytes) are worth sharing with the helper: two or
+    more, of MIN_BYTES or more in all."""
+    return len(group_bytes) >= 2 and sum(group_bytes) >= MIN_BYTES
 
 
 _side_maps: dict = {}   # load factor -> the side map (one helper, so one in use, per process)
