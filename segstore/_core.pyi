@@ -311,3 +311,8 @@ def finish_crcs(out: Buffer, start: int, end: int) -> None:
 
 def compress_batch_at(out: Buffer, pos: int, size: int, codec: int) -> bytearray:
     """The uncompressed batch at out[pos:pos+size] compressed with ``codec``, CRC set."""
+def spin_wait(flags: Any, index: int, seconds: float) -> int:
+    """Spin without the GIL until the int64 ``flags[index]`` is not 0, for at most
+    ``seconds``; the value seen (0 when the time ran out)."""
+def spin_set(flags: Any, index: int, value: int) -> None:
+    """Set ``flags[index]`` for a thread in spin_wait (a release store)."""

@@ -6,7 +6,7 @@
 cdef enum:
     DIGEST_BYTES = 16
     MAP_GROUP = 16             # records hashed ahead so their slots' cache lines load in parallel
-    MERGE_GROUP = 48           # a merge's entries whose slots load while the group before is probed
+    MERGE_GROUP = 48           # a merge's entries whose slots load while the last are probed
 
     STRATEGY_OFFSET = 0
     STRATEGY_TIMESTAMP = 1
@@ -31,7 +31,7 @@ cdef struct MapCore:
     int64_t lookups
     int64_t probes
     int64_t latest_offset
-    int64_t layout         # bumped whenever entries are re-placed (growth) or dropped (clear)
+    int64_t layout         # bumped when entries are re-placed (growth) or dropped (clear, drain)
     int strategy
 
 
@@ -387,10 +387,12 @@ cdef class OffsetMap:
             with nogil:
                 found = _map_merge_lookup(&self.m, &later.m, start, end, drain, &out[0, 0],
                                           out.shape[0], &drained)
+        if drained:
+            later.m.layout += 1   # slots of later emptied: its pending lookups are stale
         if found < 0:
             raise RuntimeError("the merged map gained entries during merge_lookup (maps being "
                                "merged must not change meanwhile)")
-        return (self.m.layout, rows[:found], drained)
+        return (self, later, self.m.layout, rows[:found], drained)
 
     def merge_insert(self, OffsetMap later, *lookups) -> None:
         """A merge's second phase: insert the keys of ``later`` that :meth:`merge_lookup`
@@ -407,7 +409,10 @@ cdef class OffsetMap:
         cdef bint valid
         self._dirty = True
         self._clean_slots = 0
-        for layout, found, taken in lookups:
+        for owner, source, layout, found, taken in lookups:
+            if owner is not self or source is not later:
+                raise ValueError("merge_insert takes what merge_lookup returned for the same "
+                                 "two maps")
             drained += taken
             rows = np.ascontiguousarray(found, dtype=np.int64).reshape(-1, 4)
             if rows.shape[0] == 0:

@@ -19,9 +19,19 @@ cdef extern from *:
     #define SEGSTORE_CPU_RELAX() ((void)0)
     #endif
     #define SEGSTORE_LOAD_ACQUIRE(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #define SEGSTORE_STORE_RELEASE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
     """
     void SEGSTORE_CPU_RELAX() noexcept nogil
     int64_t SEGSTORE_LOAD_ACQUIRE(const int64_t* p) noexcept nogil
+    void SEGSTORE_STORE_RELEASE(int64_t* p, int64_t v) noexcept nogil
+
+
+def spin_set(int64_t[::1] flags not None, Py_ssize_t index, int64_t value) -> None:
+    """Set ``flags[index]`` for a thread in :func:`spin_wait`, after (in memory order) every
+    write this thread made before."""
+    if not 0 <= index < flags.shape[0]:
+        raise IndexError(f"flag {index} is outside the {flags.shape[0]} flags")
+    SEGSTORE_STORE_RELEASE(&flags[index], value)
 
 
 cdef inline int64_t _now_ns() noexcept nogil:
@@ -32,8 +42,8 @@ cdef inline int64_t _now_ns() noexcept nogil:
 
 def spin_wait(int64_t[::1] flags not None, Py_ssize_t index, double seconds) -> int:
     """Spin without the GIL until ``flags[index]`` is not 0, for at most ``seconds``; the
-    value seen (0 when the time ran out). Another thread sets the flag with a plain store
-    (a numpy assignment)."""
+    value seen (0 when the time ran out). Another thread sets the flag with
+    :func:`spin_set`."""
     if not 0 <= index < flags.shape[0]:
         raise IndexError(f"flag {index} is outside the {flags.shape[0]} flags")
     cdef const int64_t* p = &flags[index]

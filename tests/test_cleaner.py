@@ -1266,9 +1266,10 @@ def test_cleaning_every_codec(root, clock, codec):
 def test_rebuilt_incompressible_batches_through_a_small_output_buffer(root, clock, codec,
                                                                      monkeypatch):
     """A rebuilt batch is compressed again where it was written; random values come out a
-    little longer than they went in. Through an output buffer of a few KiB (which such a batch
-    overruns, so the buffer is drained and grown mid-chunk) every survivor is still written
-    once, with its codec and a valid CRC."""
+    little longer than they went in (within the room reserved for the batch: the drain before
+    placing one that would not fit is defensive). Through an output buffer written out after
+    every 4 KiB chunk and grown for larger batches, every survivor is still written once, with
+    its codec and a valid CRC."""
     from segstore.cleaner import cleaner as cleaner_mod
     monkeypatch.setattr(cleaner_mod, "OUTPUT_GATHER", 0)
     monkeypatch.setattr(cleaner_mod, "MIN_CHUNK", 4096)

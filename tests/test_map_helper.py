@@ -132,7 +132,7 @@ def test_merge_lookups_on_two_threads_then_inserts_equal_merge_from():
         first = pool.submit(early.merge_lookup, late, 0, mid)
         second = pool.submit(early.merge_lookup, late, mid)
         a, b = first.result(), second.result()
-    assert len(a[1]) + len(b[1]) == lacking >= 1000   # exactly the keys early lacked
+    assert len(a[3]) + len(b[3]) == lacking >= 1000   # exactly the keys early lacked
     assert early.size == early_size                   # lookups insert nothing
     early.merge_insert(late, a, b)
     assert early.size == serial.size == whole.size
@@ -149,7 +149,7 @@ def test_merge_insert_after_the_table_changed_probes_again():
             late.put(k, 10_000 + i)
         small.put(b"first", 1)
         found = small.merge_lookup(late)
-        assert len(found[1]) == len(set(keys)) and found[2] == 0
+        assert len(found[3]) == len(set(keys)) and found[4] == 0
         if change == "grow":                   # every entry re-placed: the slots are stale
             for i in range(40_000):
                 small.put(b"g%d" % i, 2)
@@ -168,13 +168,19 @@ def test_merge_lookup_rejects_bad_ranges_and_a_stale_slot_is_probed_for_again():
         early.merge_lookup(late, 0, late.table_slots + 1)
     with pytest.raises(ValueError, match="outside"):
         early.merge_lookup(late, 10, 5)
-    layout, rows, drained = early.merge_lookup(late)
+    _, _, layout, rows, drained = early.merge_lookup(late)
     assert drained == 0 and len(rows) == 1
     for slot in (1 << 40, -7):                 # out of range: Kafka's put finds the slot
         bad = rows.copy()
         bad[0, 3] = slot
-        early.merge_insert(late, (layout, bad, 0))
+        early.merge_insert(late, (early, late, layout, bad, 0))
     assert early.get(b"k") == 5 and early.size == 1
+    other = _core.OffsetMap(24 * 1000)
+    found = other.merge_lookup(late)
+    with pytest.raises(ValueError, match="same two maps"):
+        early.merge_insert(late, found)          # another map's lookups
+    with pytest.raises(ValueError, match="same two maps"):
+        other.merge_insert(early, found)
 
 
 def test_a_drained_merge_leaves_the_later_map_empty_and_reusable():
@@ -195,7 +201,7 @@ def test_a_drained_merge_leaves_the_later_map_empty_and_reusable():
     half = part.merge_lookup(late, 0, late.table_slots // 2, drain=True)
     part.merge_insert(late, half)
     assert late.size == len(set(keys[:500]))
-    assert sum(late.get(k) != -1 for k in set(keys[:500])) == late.size - half[2]
+    assert sum(late.get(k) != -1 for k in set(keys[:500])) == late.size - half[4]
 
 
 # -- where the dirty section is split ------------------------------------------------------------
@@ -522,7 +528,7 @@ def test_an_abort_seen_by_the_helper_stops_the_build(tmp_path, helper_on_small_l
 
 
 def test_an_abort_on_the_cleaner_thread_releases_the_helper_waiting_to_merge(
-        tmp_path, helper_on_small_logs):
+        tmp_path, monkeypatch, helper_on_small_logs):
     """The cleaner thread's part fails after the helper's ended: the helper, waiting at the
     meeting before the merge, stops there; the side map's pages go back (it was not
     drained), the helper is free and the next build maps normally."""
@@ -531,17 +537,37 @@ def test_an_abort_on_the_cleaner_thread_releases_the_helper_waiting_to_merge(
         c = _cleaner(True)
         main = threading.get_ident()
         calls = []
+        helper_arrived = threading.Event()
+        helper_saw = []
+        real_arrive, real_wait = map_helper.Meeting.arrive, map_helper.Meeting.wait_for
+
+        def arrive(self, who, ok):
+            real_arrive(self, who, ok)
+            if who == 1 and ok:
+                helper_arrived.set()
+
+        def wait_for(self, who, check=lambda: None):
+            seen = real_wait(self, who, check)
+            if threading.get_ident() != main:
+                helper_saw.append(seen)
+            return seen
+
+        monkeypatch.setattr(map_helper.Meeting, "arrive", arrive)
+        monkeypatch.setattr(map_helper.Meeting, "wait_for", wait_for)
 
         def check_done(tp):
             if threading.get_ident() == main:
                 calls.append(1)
                 if len(calls) == 3:
+                    # Only once the helper has mapped its part and waits at the meeting.
+                    assert helper_arrived.wait(60), "the helper never finished its part"
                     raise CleaningAbortedError("aborted on the cleaner thread")
 
         c.check_done = check_done
         with pytest.raises(CleaningAbortedError, match="cleaner thread"):
             _build(c, lg)
         assert len(helper_on_small_logs) == 1
+        assert helper_saw == [False]   # it waited, learnt the other part failed, stopped
         assert map_helper.try_acquire()
         map_helper.release()
         assert map_helper.side_map(c.offset_map.load_factor).size == 0
@@ -557,12 +583,14 @@ def test_an_abort_on_the_cleaner_thread_releases_the_helper_waiting_to_merge(
 def test_spin_wait_sees_another_threads_store_and_times_out():
     flags = np.zeros(2, dtype=np.int64)
     assert _core.spin_wait(flags, 1, 0.001) == 0          # nobody sets it: times out
-    timer = threading.Timer(0.01, lambda: flags.__setitem__(1, 7))
+    timer = threading.Timer(0.01, lambda: _core.spin_set(flags, 1, 7))
     timer.start()
     assert _core.spin_wait(flags, 1, 5.0) == 7
     timer.join()
     with pytest.raises(IndexError):
         _core.spin_wait(flags, 2, 0.001)
+    with pytest.raises(IndexError):
+        _core.spin_set(flags, -1, 1)
 
 
 def test_a_meeting_reports_how_the_other_part_went(monkeypatch):

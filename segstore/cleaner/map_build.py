@@ -108,17 +108,17 @@ class OffsetMapBuild:
         omap = self.offset_map
         if not self.map_helper or omap.strategy != "offset" or not map_helper_mod.try_acquire():
             return False
-        side = map_helper_mod.side_map(omap.load_factor)   # ours while we hold the helper
-        k = map_helper_mod.split_point(dirty, start, end, omap.max_desired_size,
-                                       side.max_desired_size)
-        if k is None:
-            map_helper_mod.release()
-            return False
+        side = None
         try:
+            side = map_helper_mod.side_map(omap.load_factor)   # ours while we hold the helper
+            k = map_helper_mod.split_point(dirty, start, end, omap.max_desired_size,
+                                           side.max_desired_size)
+            if k is None:
+                return False
             return self._map_split(tp, dirty, k, start, end, aborted, stats, side)
         finally:
-            if side.size:   # not merged: its pages go back to the OS (merged, it is drained)
-                side.clear()
+            if side is not None and side.size:
+                side.clear()   # not merged: its pages go back to the OS (merged, it is drained)
             map_helper_mod.release()
 
     def _map_split(self, tp, dirty: list, k: int, start: int, end: int, aborted,

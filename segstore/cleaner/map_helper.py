@@ -97,8 +97,9 @@ _side_maps: dict = {}   # load factor -> the side map (one helper, so one in use
 
 def side_map(load_factor: float):
     """The helper's side map for maps of ``load_factor``; the caller holds the helper. One per
-    process, kept between rounds and stores: a merge drains it (leaves its table zeroed), and
-    a new map's pages cost a round 10 ms or more to fault in on this project's VMs."""
+    process (per load factor), kept between rounds and stores: a merge drains it (leaves its
+    table zeroed), and a new map's pages cost a round 10 ms or more to fault in on this
+    project's VMs."""
     m = _side_maps.get(load_factor)
     if m is None:
         m = _side_maps[load_factor] = _core.OffsetMap(SIDE_MAP_BYTES, load_factor)
@@ -187,7 +188,7 @@ class Meeting:
         self._arrived = (threading.Event(), threading.Event())
 
     def arrive(self, who: int, ok: bool) -> None:
-        self._flags[who] = 1 if ok else 2
+        _core.spin_set(self._flags, who, 1 if ok else 2)
         self._arrived[who].set()
 
     def wait_for(self, who: int, check=lambda: None) -> bool:
