@@ -367,18 +367,25 @@ def murmur2_partitions(keys, int num_partitions):
     cdef const uint8_t[::1] data = keys.data
     cdef const int64_t[::1] offs = keys.offsets
     cdef const uint8_t[::1] valid = keys.valid.view(np.uint8)
-    cdef Py_ssize_t n = valid.shape[0], i
+    cdef Py_ssize_t n = valid.shape[0], i, bad = -1
+    cdef Py_ssize_t length = data.shape[0]
+    if offs.shape[0] != n + 1:
+        raise ValueError("keys.offsets must have one more entry than keys.valid")
     out = np.empty(n, dtype=np.int32)
     cdef int32_t[::1] o = out
     cdef const uint8_t* d = _ptr(data)
-    if n and offs[n] > data.shape[0]:
-        raise ValueError("keys.offsets point past keys.data")
     with nogil:
         for i in range(n):
             if valid[i]:
+                # Every key's range is checked: a BinaryColumn does not check its offsets.
+                if offs[i] < 0 or offs[i + 1] < offs[i] or offs[i + 1] > length:
+                    bad = i
+                    break
                 o[i] = (_murmur2(d + offs[i], offs[i + 1] - offs[i]) & 0x7FFFFFFF) % num_partitions
             else:
                 o[i] = -1
+    if bad >= 0:
+        raise ValueError(f"key {bad}'s offsets lie outside keys.data")
     return out
 
 

@@ -835,6 +835,17 @@ def test_murmur2_partitions_of_fixed_width_keys():
     assert _core.murmur2_partitions(col, 6).tolist() == want
 
 
+@pytest.mark.parametrize("offsets", [[0, 100, 5], [0, 6, 3], [-4, 2, 5], [0, 2, 11]])
+def test_murmur2_partitions_refuses_offsets_outside_the_data(offsets):
+    """A BinaryColumn does not check its offsets: the hash must not read past its data."""
+    col = BinaryColumn(np.zeros(10, dtype=np.uint8), np.array(offsets, dtype=np.int64),
+                       np.ones(2, dtype=np.bool_))
+    with pytest.raises(ValueError, match="outside keys.data"):
+        _core.murmur2_partitions(col, 4)
+    nulls = BinaryColumn(col.data, col.offsets, np.zeros(2, dtype=np.bool_))
+    assert _core.murmur2_partitions(nulls, 4).tolist() == [-1, -1]   # null keys read nothing
+
+
 @pytest.mark.parametrize("seed", [0, 42, 0x9747B28C, 2**32 - 1])
 def test_murmur3_128_matches_mmh3(keys100k, seed):
     if seed == 0:
