@@ -26,12 +26,16 @@ cdef extern from *:
     void SEGSTORE_STORE_RELEASE(int64_t* p, int64_t v) noexcept nogil
 
 
+cdef int64_t* _flag(int64_t[::1] flags, Py_ssize_t index) except NULL:
+    if not 0 <= index < flags.shape[0]:
+        raise IndexError(f"flag {index} is outside the {flags.shape[0]} flags")
+    return &flags[index]
+
+
 def spin_set(int64_t[::1] flags not None, Py_ssize_t index, int64_t value) -> None:
     """Set ``flags[index]`` for a thread in :func:`spin_wait`, after (in memory order) every
     write this thread made before."""
-    if not 0 <= index < flags.shape[0]:
-        raise IndexError(f"flag {index} is outside the {flags.shape[0]} flags")
-    SEGSTORE_STORE_RELEASE(&flags[index], value)
+    SEGSTORE_STORE_RELEASE(_flag(flags, index), value)
 
 
 cdef inline int64_t _now_ns() noexcept nogil:
@@ -44,9 +48,7 @@ def spin_wait(int64_t[::1] flags not None, Py_ssize_t index, double seconds) -> 
     """Spin without the GIL until ``flags[index]`` is not 0, for at most ``seconds``; the
     value seen (0 when the time ran out). Another thread sets the flag with
     :func:`spin_set`."""
-    if not 0 <= index < flags.shape[0]:
-        raise IndexError(f"flag {index} is outside the {flags.shape[0]} flags")
-    cdef const int64_t* p = &flags[index]
+    cdef const int64_t* p = _flag(flags, index)
     cdef int64_t v = 0, deadline
     cdef int n
     with nogil:

@@ -98,7 +98,7 @@ class OffsetMapBuild:
         # larger than that is zeroed in place: for the 1M-record benchmark's 6 MiB table,
         # 0.4 ms, against 1 ms for dropping its pages and faulting them back in as it fills.
         hint = self._table_hint.get(tp, 0)
-        self.offset_map.clear(hint, keep_pages=0 < self.offset_map.table_slots <= hint)
+        self.offset_map.clear(hint, keep_pages=self.offset_map.table_slots <= hint)
 
     def _map_with_helper(self, tp, dirty: list, start: int, end: int, aborted,
                          stats: CleanerStats) -> bool:
