@@ -134,15 +134,23 @@ class _AbstractIndex:
 
     def flush(self) -> None:
         """Write the mapped pages to disk (fsync of the index file)."""
-        if self.writable and not self._dropped:
-            # fsync rather than mmap.flush(): on Linux both write back the shared mapping's
-            # dirty pages (they are the file's page cache), but msync holds the GIL throughout.
-            # It also makes a trim durable, even one to no entries (which leaves no mapping).
-            fd = os.open(self.path, os.O_RDONLY)
+        fd = self.open_for_sync()
+        if fd is not None:
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def open_for_sync(self) -> Optional[int]:
+        """A new descriptor of the file for the caller to fsync (and close), or None when
+        there is nothing to flush.
+
+        fsync rather than mmap.flush(): on Linux both write back the shared mapping's dirty
+        pages (they are the file's page cache), but msync holds the GIL throughout. It also
+        makes a trim durable, even one to no entries (which leaves no mapping)."""
+        if self.writable and not self._dropped:
+            return os.open(self.path, os.O_RDONLY)
+        return None
 
     def close(self) -> None:
         """Trim and drop the mapping (it is unmapped once no reader holds it)."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import _core
 from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
+from .flusher import PendingFlush
 from .index import OffsetIndex, TimeIndex
 # Names defined by the helper modules are re-exported: the package and its tests import them
 # from here.
@@ -600,17 +601,34 @@ class LogSegment:
 
     # -- durability and files ---------------------------------------------------------------
     def flush(self) -> None:
-        """fsync the log and both indexes."""
+        """fsync the log and its indexes (at once: segstore/flusher.py)."""
+        pending = self.start_flush()
+        try:
+            pending.wait()
+        except BaseException:
+            self._unsynced = True
+            raise
+
+    def start_flush(self) -> PendingFlush:
+        """:meth:`flush`'s fsyncs, started on the flusher's threads: the files are synced once
+        ``wait()`` on the result returns without an error."""
+        fds = []
         if self.readonly:
-            return
-        if self._fd_value is not None:  # never opened: nothing written through it
-            os.fsync(self._fd_value)
-        if self._offset_index is not None:
-            self._offset_index.flush()
-            self._time_index.flush()
-        if self._txn_index is not None:
-            self._txn_index.flush()
-        self._unsynced = False
+            return PendingFlush(fds)
+        try:
+            if self._fd_value is not None:  # never opened: nothing written through it
+                fds.append(os.dup(self._fd_value))
+            indexes = (self._offset_index, self._time_index, self._txn_index)
+            for index in indexes:
+                fd = index.open_for_sync() if index is not None else None
+                if fd is not None:
+                    fds.append(fd)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self._unsynced = False   # before the syncs start: a later write marks it again
+        return PendingFlush(fds)
 
     def close(self) -> None:
         """Final time-index entry, trim and close (a later open sees only valid entries)."""

@@ -225,6 +225,12 @@ class TransactionIndex:
             if self._fd is not None:
                 os.fsync(self._fd)
 
+    def open_for_sync(self) -> Optional[int]:
+        """A descriptor of the file for the caller to fsync (and close) if this object wrote
+        to it, else None."""
+        with self._lock:
+            return os.dup(self._fd) if self._fd is not None else None
+
     def close(self) -> None:
         """Close the descriptor (the index reopens on the next append)."""
         with self._lock:

@@ -92,25 +92,6 @@ def _time_index_bytes(seg) -> int:
     return seg.time_index.entries * 12
 
 
-def _sync_files_without_gil(paths) -> None:
-    """fsync the files a cleaning round wrote, releasing the GIL throughout.
-
-    ``LogSegment.flush`` syncs the memory-mapped index files with ``mmap.flush``, whose msync
-    keeps the GIL while the pages are written out (13 ms of a 190 ms round here), so another
-    cleaner thread could not get back into Python meanwhile. An fsync of the same file writes
-    the same dirty pages (mapped or not) and releases the GIL; the flush that follows finds
-    them clean."""
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:       # a file the segment never created (a .txnindex without entries)
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 class _GroupClaims:
     """The groups of a split round not taken yet, ``[front, back]``: the cleaner thread takes
     them from the front, the helper from the back."""
@@ -234,9 +215,8 @@ class Cleaner(OffsetMapBuild):
             finally:
                 map_helper_mod.release()
         if later is None:
-            for group in groups:
-                self.clean_segments(lg, group, filt, txn, now, legacy_horizon, upper,
-                                    truncations, stats)
+            self._clean_in_order(lg, groups, filt, txn, now, legacy_horizon, upper,
+                                 truncations, stats)
             return [filt]
         for i, (cleaned, group) in enumerate(later):
             try:
@@ -245,6 +225,31 @@ class Cleaner(OffsetMapBuild):
                 _discard([c for c, _ in later[i + 1:]])
                 raise
         return [filt, later_filt]
+
+    def _clean_in_order(self, lg, groups: list, filt, txn, now: int, legacy_horizon: int,
+                        upper: int, truncations: int, stats: CleanerStats) -> None:
+        """Clean and swap in ``groups`` one after the other, each group's fsyncs running
+        (segstore/flusher.py) while the next group is filtered: a group is swapped in once its
+        files are synced and the next group is written, so at most two cleaned segments wait."""
+        pending = None   # (cleaned segment, its PendingFlush, its group): not swapped in yet
+        try:
+            for group in groups:
+                written = self.write_unsealed(lg, group, filt, txn, now, legacy_horizon, upper)
+                previous, pending = pending, written + (group,)
+                if previous is not None:   # deleted by seal or swap_in if they fail
+                    self._seal_and_swap(lg, previous, truncations, stats)
+            if pending is not None:
+                last, pending = pending, None
+                self._seal_and_swap(lg, last, truncations, stats)
+        except BaseException:
+            if pending is not None:
+                _discard_unsealed(pending[0], pending[1])
+            raise
+
+    def _seal_and_swap(self, lg, written: tuple, truncations: int, stats: CleanerStats) -> None:
+        cleaned, syncs, group = written
+        self.seal(cleaned, group, syncs)
+        self.swap_in(lg, cleaned, group, truncations, stats)
 
     def _clean_split(self, lg, groups: list, filt, later_filt, txn, now: int,
                      legacy_horizon: int, upper: int, truncations: int,
@@ -344,6 +349,15 @@ class Cleaner(OffsetMapBuild):
                       upper: int) -> LogSegment:
         """Filter ``group`` into ``<base>.log.cleaned``, synced and dated like the group's last
         segment; deleted again on an error."""
+        cleaned, syncs = self.write_unsealed(lg, group, filt, txn, now, legacy_horizon, upper)
+        self.seal(cleaned, group, syncs)
+        return cleaned
+
+    def write_unsealed(self, lg, group, filt, txn, now: int, legacy_horizon: int,
+                       upper: int) -> tuple:
+        """Filter ``group`` into ``<base>.log.cleaned`` and start its files' fsyncs;
+        ``(cleaned segment, PendingFlush)``, to be :meth:`seal`-ed before it is swapped in.
+        Deleted again on an error."""
         base = group[0].base_offset
         for path in segment_paths(lg.directory, base, CLEANED_SUFFIX).values():
             if os.path.exists(path):
@@ -365,16 +379,24 @@ class Cleaner(OffsetMapBuild):
                 self._clean_into(lg, seg, cleaned, filt, txn, producers, retain_legacy, now,
                                  upper)
             cleaned.on_become_inactive()
-            _sync_files_without_gil(segment_paths(lg.directory, base, CLEANED_SUFFIX).values())
-            cleaned.flush()
+        except BaseException:
+            _discard((cleaned,))
+            raise
+        return cleaned, cleaned.start_flush()
+
+    def seal(self, cleaned: LogSegment, group, syncs) -> None:
+        """Wait for ``cleaned``'s fsyncs (``syncs``), then date it like ``group``'s last
+        segment (the retention of a cleaned segment goes by it). Deleted on an error."""
+        try:
+            syncs.wait()
             mtime = group[-1].last_modified_ms / 1000.0
-            for path in segment_paths(lg.directory, base, CLEANED_SUFFIX).values():
+            for path in segment_paths(cleaned.directory, cleaned.base_offset,
+                                      CLEANED_SUFFIX).values():
                 if os.path.exists(path):
                     os.utime(path, (mtime, mtime))
         except BaseException:
             _discard((cleaned,))
             raise
-        return cleaned
 
     def swap_in(self, lg, cleaned: LogSegment, group, truncations: int,
                 stats: CleanerStats) -> None:
@@ -545,6 +567,15 @@ class Cleaner(OffsetMapBuild):
         filt.count_legacy(len(recs), size, len(kept), len(data),
                           kept[-1].offset if kept else -1, invalid)
         return op + len(data)
+
+
+def _discard_unsealed(cleaned: LogSegment, syncs) -> None:
+    """Delete a cleaned segment whose fsyncs were started, once they have ended."""
+    try:
+        syncs.wait()
+    except Exception:   # it is deleted either way
+        pass
+    _discard((cleaned,))
 
 
 def _discard(cleaned_segments) -> None:
