@@ -19,6 +19,7 @@ from .columns import BinaryColumn
 from .compression import codec_id
 from .errors import (CleaningAbortedError, InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
                      ReadOnlyStoreError, RecordTooLargeError, StoreClosedError)
+from .flusher import PendingFlush
 from .loader import load_segments
 from .producer_state import ProducerStateManager, load_producer_state, stamp_log_append_time
 from .records import RecordMetadata, TopicPartition
@@ -541,7 +542,8 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             self._state = _State(keep, min(start, st.log_end_offset), st.log_end_offset)
 
     def replace_segments(self, new_segments, old_segments, *,
-                         expected_truncations: Optional[int] = None) -> None:
+                         expected_truncations: Optional[int] = None,
+                         sync_directory: bool = True) -> Optional[PendingFlush]:
         """Swap cleaned segments in for old ones with Kafka's crash-safe protocol (REF §2.2).
 
         ``new_segments`` are LogSegments written with the ``.cleaned`` suffix. In descending
@@ -550,6 +552,8 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         are dropped. A crash at any point leaves files the loader completes or rolls back.
         With ``expected_truncations`` (the cleaner's view of :attr:`truncations` when it started)
         a truncation since then raises ``CleaningAbortedError`` and nothing is swapped.
+        With ``sync_directory=False`` the directory's fsync is started on the flusher's threads
+        (segstore/flusher.py) and returned: the swap is durable once it has been waited for.
         """
         self._check_writable()
         from .segment import CLEANED_SUFFIX, SWAP_SUFFIX
@@ -575,7 +579,10 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             for sg in new:
                 sg.change_file_suffixes(SWAP_SUFFIX, "")
                 _swap_step("renamed", sg.base_offset)
+            if not sync_directory:
+                return PendingFlush([os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)])
             fsync_dir(self.directory)
+            return None
 
     def _retire(self, seg: LogSegment) -> None:
         # Rename to .deleted now, delete after file.delete.delay.ms (readers may still hold it).

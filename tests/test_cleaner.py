@@ -265,7 +265,7 @@ def test_retention_deleting_segments_during_the_swap(root, clock):
         lg.delete_records(active_base)      # Kafka: maybeIncrementLogStartOffset + ...
         report = st.enforce_retention()     # ... deleteOldSegments
         assert len(report.partitions[TP].deleted) == len(group)
-        real_replace(new, old, **kw)
+        return real_replace(new, old, **kw)
     lg.replace_segments = replace_with_retention_first
 
     cleaner = make_cleaner(clock)

@@ -148,3 +148,34 @@ def test_a_failed_fsync_aborts_the_round_and_leaves_no_cleaned_files(stores, mon
     assert lg.verify() == []
     monkeypatch.undo()
     assert len(s.compact("t", force=True)) == 1
+
+
+def test_each_swap_is_durable_before_the_next_one_and_the_round_end(stores, monkeypatch):
+    """The partition directory's fsync after a swap (REF §2.2 step 4) runs on the flusher's
+    threads while the next group is filtered, and has ended before the next swap starts and
+    before the round returns."""
+    s, lg = _grouped_store(stores)
+    events = []
+    real_fsync = os.fsync
+    directory = os.path.basename(lg.directory)
+
+    def fsync(fd):
+        path = _fd_path(fd)
+        real_fsync(fd)
+        if os.path.basename(path) == directory:
+            events.append(("dir synced", threading.current_thread().name))
+    monkeypatch.setattr(flusher.os, "fsync", fsync)
+    real_swap = PartitionLog.replace_segments
+
+    def swap(self, new, old, **kw):
+        events.append(("swap", new[0].base_offset))
+        return real_swap(self, new, old, **kw)
+    monkeypatch.setattr(PartitionLog, "replace_segments", swap)
+    s.compact("t", force=True)
+    events.append(("returned", None))
+    swaps = [i for i, e in enumerate(events) if e[0] == "swap"]
+    assert [events[i][1] for i in swaps] == [0, 10, 20, 30]
+    for i, j in zip(swaps, swaps[1:] + [events.index(("returned", None))]):
+        synced_between = [e for e in events[i + 1:j] if e[0] == "dir synced"]
+        assert synced_between, (events[i], events[j])
+        assert synced_between[0][1].startswith("segstore-flusher")

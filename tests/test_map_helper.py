@@ -343,17 +343,17 @@ def _round(root, helper, **kw):
 
 
 def _record_helper_groups(monkeypatch) -> list:
-    """The log file names of the groups Cleaner.write_cleaned is called with on the helper
+    """The log file names of the groups Cleaner.write_unsealed is called with on the helper
     thread (recorded before the call)."""
     names = []
-    real = Cleaner.write_cleaned
+    real = Cleaner.write_unsealed
 
     def recording(self, lg, group, *a, **k):
         if threading.get_ident() != threading.main_thread().ident:
             names.extend(os.path.basename(seg.log_path) for seg in group)
         return real(self, lg, group, *a, **k)
 
-    monkeypatch.setattr(Cleaner, "write_cleaned", recording)
+    monkeypatch.setattr(Cleaner, "write_unsealed", recording)
     return names
 
 
@@ -378,11 +378,11 @@ def test_the_threads_share_the_groups_from_both_ends_whatever_each_costs(
     round on one thread."""
     without = _round(tmp_path / "a", False, gzip=False)
     main = threading.main_thread().ident
-    real = Cleaner.write_cleaned
+    real = Cleaner.write_unsealed
     order = {"main": [], "helper": []}
     three_done = threading.Event()
 
-    def write_cleaned(self, lg, group, *a, **k):
+    def write_unsealed(self, lg, group, *a, **k):
         mine = "main" if threading.get_ident() == main else "helper"
         waiting = ("helper" if held == "helper" else "main") == mine
         if waiting and not order[mine]:
@@ -393,7 +393,7 @@ def test_the_threads_share_the_groups_from_both_ends_whatever_each_costs(
             three_done.set()
         return result
 
-    monkeypatch.setattr(Cleaner, "write_cleaned", write_cleaned)
+    monkeypatch.setattr(Cleaner, "write_unsealed", write_unsealed)
     with_helper = _round(tmp_path / "b", True, gzip=False)
     assert _helper_filtered(helper_on_small_logs) == 1
     assert with_helper == without
@@ -441,9 +441,9 @@ def test_a_failed_split_round_leaves_the_log_as_it_was(tmp_path, monkeypatch,
     try:
         before, want = _log_files(lg), _table(lg)
         if where == "helper":
-            _failing_in_helper(monkeypatch, "write_cleaned")
+            _failing_in_helper(monkeypatch, "write_unsealed")
         else:
-            real = Cleaner.write_cleaned
+            real = Cleaner.write_unsealed
             calls = []
 
             def failing_second(self, *a, **k):
@@ -453,7 +453,7 @@ def test_a_failed_split_round_leaves_the_log_as_it_was(tmp_path, monkeypatch,
                         raise OSError("disk full (injected) on the cleaner thread")
                 return real(self, *a, **k)
 
-            monkeypatch.setattr(Cleaner, "write_cleaned", failing_second)
+            monkeypatch.setattr(Cleaner, "write_unsealed", failing_second)
         helper_groups = _record_helper_groups(monkeypatch)
         with pytest.raises(OSError, match="injected"):
             store.cleaner.clean_log(-1, store.cleaner_manager.grab_log(lg.topic_partition,
@@ -648,7 +648,7 @@ def test_an_interrupt_while_the_cleaner_thread_waits_stops_the_helper_first(
     store, lg = _store(tmp_path / "s", clock, gzip=False)
     try:
         want = _table(lg)
-        real = Cleaner.write_cleaned
+        real = Cleaner.write_unsealed
         main = threading.get_ident()
 
         def interrupting(self, lg_, group, *a, **k):
@@ -661,7 +661,7 @@ def test_an_interrupt_while_the_cleaner_thread_waits_stops_the_helper_first(
                 raise AssertionError("the helper was never cancelled")
             return real(self, lg_, group, *a, **k)
 
-        monkeypatch.setattr(Cleaner, "write_cleaned", interrupting)
+        monkeypatch.setattr(Cleaner, "write_unsealed", interrupting)
         # Python leaves SIGINT ignored when it starts ignored (a suite run in the background
         # by a non-interactive shell): Ctrl-C's KeyboardInterrupt is what this test is about.
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)

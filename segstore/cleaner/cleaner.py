@@ -21,12 +21,14 @@ from typing import Callable, Optional
 from .. import _core
 from ..compression import decompress
 from ..errors import CorruptRecordError
+from ..flusher import PendingFlush
 from ..records import ControlRecordType
 from ..segment import CLEANED_SUFFIX, LogSegment, segment_paths
 from . import map_helper as map_helper_mod
 from .manager import LogToClean, segments_in_range
 from .map_build import OffsetMapBuild, _name, _release
 from .stats import CleanerStats
+from .swaps import InOrderSwaps, discard, discard_unsealed
 from .transactions import CleanedTransactionMetadata
 from ..transaction_index import collect_aborted_transactions
 
@@ -206,58 +208,36 @@ class Cleaner(OffsetMapBuild):
             return _core.BatchFilter(self.offset_map, now, lg.config.delete_retention_ms, upper)
 
         filt = new_filter()
-        later = None
-        if self._split_filter(groups) and map_helper_mod.try_acquire():
-            try:
-                later_filt = new_filter()
-                later = self._clean_split(lg, groups, filt, later_filt, txn, now,
-                                          legacy_horizon, upper, truncations, stats)
-            finally:
-                map_helper_mod.release()
-        if later is None:
-            self._clean_in_order(lg, groups, filt, txn, now, legacy_horizon, upper,
-                                 truncations, stats)
-            return [filt]
-        for i, (cleaned, group) in enumerate(later):
-            try:
-                self.swap_in(lg, cleaned, group, truncations, stats)
-            except BaseException:
-                _discard([c for c, _ in later[i + 1:]])
-                raise
-        return [filt, later_filt]
-
-    def _clean_in_order(self, lg, groups: list, filt, txn, now: int, legacy_horizon: int,
-                        upper: int, truncations: int, stats: CleanerStats) -> None:
-        """Clean and swap in ``groups`` one after the other, each group's fsyncs running
-        (segstore/flusher.py) while the next group is filtered: a group is swapped in once its
-        files are synced and the next group is written, so at most two cleaned segments wait."""
-        pending = None   # (cleaned segment, its PendingFlush, its group): not swapped in yet
+        filters = [filt]
+        swaps = InOrderSwaps(self, lg, truncations, stats)
         try:
-            for group in groups:
-                written = self.write_unsealed(lg, group, filt, txn, now, legacy_horizon, upper)
-                previous, pending = pending, written + (group,)
-                if previous is not None:   # deleted by seal or swap_in if they fail
-                    self._seal_and_swap(lg, previous, truncations, stats)
-            if pending is not None:
-                last, pending = pending, None
-                self._seal_and_swap(lg, last, truncations, stats)
+            later = None
+            if self._split_filter(groups) and map_helper_mod.try_acquire():
+                try:
+                    later_filt = new_filter()
+                    later = self._clean_split(lg, groups, filt, later_filt, txn, now,
+                                              legacy_horizon, upper, swaps)
+                finally:
+                    map_helper_mod.release()
+            if later is None:
+                for group in groups:
+                    swaps.add(self.write_unsealed(lg, group, filt, txn, now, legacy_horizon,
+                                                  upper), group)
+            else:
+                filters.append(later_filt)
+                swaps.add_all(later)
+            swaps.finish()
         except BaseException:
-            if pending is not None:
-                _discard_unsealed(pending[0], pending[1])
+            swaps.discard()
             raise
-
-    def _seal_and_swap(self, lg, written: tuple, truncations: int, stats: CleanerStats) -> None:
-        cleaned, syncs, group = written
-        self.seal(cleaned, group, syncs)
-        self.swap_in(lg, cleaned, group, truncations, stats)
+        return filters
 
     def _clean_split(self, lg, groups: list, filt, later_filt, txn, now: int,
-                     legacy_horizon: int, upper: int, truncations: int,
-                     stats: CleanerStats) -> Optional[list]:
+                     legacy_horizon: int, upper: int, swaps: InOrderSwaps) -> Optional[list]:
         """Groups cleaned and swapped in here from the first on while the helper writes the
         cleaned segments of groups from the last one back (see clean_groups). Returns the
-        helper's ``(cleaned segment, group)`` pairs in group order, not swapped in, once this
-        thread has cleaned every other group; None when the helper could not start (nothing
+        helper's ``(cleaned segment, its PendingFlush, group)`` in group order, neither sealed
+        nor swapped in, once this thread has cleaned every other group (added to ``swaps``); None when the helper could not start (nothing
         done). On any error none of the helper's files is left. The sibling, and its output
         buffer, last only as long as this call.
 
@@ -286,10 +266,10 @@ class Cleaner(OffsetMapBuild):
                     if not all(sibling._plain_segment(seg) for seg in groups[i]):
                         claims.give_back(i)   # it, and all before it, are this thread's
                         break
-                    done.append((sibling.write_cleaned(lg, groups[i], later_filt, plain_txn,
-                                                       now, legacy_horizon, upper), groups[i]))
+                    done.append(sibling.write_unsealed(lg, groups[i], later_filt, plain_txn,
+                                                       now, legacy_horizon, upper) + (groups[i],))
             except BaseException:
-                _discard([c for c, _ in done])
+                discard_unsealed(done)
                 raise
             return done[::-1]
 
@@ -298,8 +278,8 @@ class Cleaner(OffsetMapBuild):
                 i = claims.first()
                 if i is None:
                     return
-                self.clean_segments(lg, groups[i], filt, txn, now, legacy_horizon, upper,
-                                    truncations, stats)
+                swaps.add(self.write_unsealed(lg, groups[i], filt, txn, now, legacy_horizon,
+                                              upper), groups[i])
 
         job = map_helper_mod.start(write_later)
         if job is None:
@@ -311,7 +291,7 @@ class Cleaner(OffsetMapBuild):
             except BaseException as e:
                 error = e
         if error is not None:
-            _discard([c for c, _ in later or ()])
+            discard_unsealed(later or ())
             raise error
         return later
 
@@ -343,7 +323,7 @@ class Cleaner(OffsetMapBuild):
                        truncations: int, stats: CleanerStats) -> None:
         """Filter ``group`` into ``<base>.log.cleaned`` and swap it in for the group."""
         cleaned = self.write_cleaned(lg, group, filt, txn, now, legacy_horizon, upper)
-        self.swap_in(lg, cleaned, group, truncations, stats)
+        self.swap_in(lg, cleaned, group, truncations, stats).wait()
 
     def write_cleaned(self, lg, group, filt, txn, now: int, legacy_horizon: int,
                       upper: int) -> LogSegment:
@@ -380,7 +360,7 @@ class Cleaner(OffsetMapBuild):
                                  upper)
             cleaned.on_become_inactive()
         except BaseException:
-            _discard((cleaned,))
+            discard((cleaned,))
             raise
         return cleaned, cleaned.start_flush()
 
@@ -395,23 +375,28 @@ class Cleaner(OffsetMapBuild):
                 if os.path.exists(path):
                     os.utime(path, (mtime, mtime))
         except BaseException:
-            _discard((cleaned,))
+            discard((cleaned,))
             raise
 
     def swap_in(self, lg, cleaned: LogSegment, group, truncations: int,
-                stats: CleanerStats) -> None:
-        """Swap ``cleaned`` in for ``group`` (REF §2.2); deleted again on an error."""
+                stats: CleanerStats) -> PendingFlush:
+        """Swap ``cleaned`` in for ``group`` (REF §2.2); deleted again on an error. The fsync
+        of the partition directory that makes the renames durable is returned pending: wait for
+        it (InOrderSwaps waits before the next swap, the group between filtered meanwhile)."""
         try:
             self.check_done(lg.topic_partition)
             log.info("Swapping in cleaned segment %s for segment(s) %s in log %s",
                      os.path.basename(cleaned.log_path),
                      ",".join(os.path.basename(s.log_path) for s in group), _name(lg))
-            lg.replace_segments([cleaned], group, expected_truncations=truncations)
+            directory_sync = lg.replace_segments([cleaned], group,
+                                                 expected_truncations=truncations,
+                                                 sync_directory=False)
             stats.segments_cleaned += len(group)
             stats.segments_written += 1
         except BaseException:
-            _discard((cleaned,))
+            discard((cleaned,))
             raise
+        return directory_sync
 
     def _clean_into(self, lg, source, dest, filt, txn, producers: dict, retain_legacy: bool,
                     now: int, upper: int) -> None:
@@ -567,22 +552,6 @@ class Cleaner(OffsetMapBuild):
         filt.count_legacy(len(recs), size, len(kept), len(data),
                           kept[-1].offset if kept else -1, invalid)
         return op + len(data)
-
-
-def _discard_unsealed(cleaned: LogSegment, syncs) -> None:
-    """Delete a cleaned segment whose fsyncs were started, once they have ended."""
-    try:
-        syncs.wait()
-    except Exception:   # it is deleted either way
-        pass
-    _discard((cleaned,))
-
-
-def _discard(cleaned_segments) -> None:
-    """Close and delete cleaned segments that will not be swapped in."""
-    for cleaned in cleaned_segments:
-        cleaned.close()
-        cleaned.delete_files()
 
 
 def _wall_ms() -> int:
