@@ -557,6 +557,7 @@ class LogStore:
         for t in self._services:
             t.join()
         self.cleaner.shutdown()
+        self.cleaner.release_memory()
         with self._lock:
             if not self.readonly:
                 for lg in self._logs.values():

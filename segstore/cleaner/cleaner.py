@@ -11,7 +11,6 @@ retention mode.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import threading
 import time
@@ -25,6 +24,7 @@ from ..flusher import PendingFlush
 from ..records import ControlRecordType
 from ..segment import CLEANED_SUFFIX, LogSegment, segment_paths
 from . import map_helper as map_helper_mod
+from . import spare_memory
 from .manager import LogToClean, segments_in_range
 from .map_build import OffsetMapBuild, _name, _release
 from .stats import CleanerStats
@@ -48,14 +48,6 @@ MIN_CHUNK = 16 << 20
 # records filters to a few hundred KiB, and written that small a cleaned segment sits in small
 # page-cache folios, which every later map of it pays for in faults (docs/performance.md).
 OUTPUT_GATHER = 8 << 20
-
-
-def _output_buffer(size: int):
-    """A round's output buffer: anonymous memory whose pages the kernel supplies, zeroed, as
-    the filter first writes them. A bytearray is zeroed (so touched) whole at once: 12.5 MiB
-    took 5 ms of page faults on every new Cleaner, of which a round of the benchmark writes
-    about 1.3 MiB a group."""
-    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def group_segments_by_size(segments, max_size: int, max_index_size: int,
@@ -142,7 +134,14 @@ class Cleaner(OffsetMapBuild):
         self.throttler = throttler
         self.clock = clock
         self.check_done = check_done or (lambda tp: None)
-        self._out = _output_buffer(OUTPUT_GATHER + self.chunk_size + (self.chunk_size >> 3))
+        self._out = spare_memory.new_buffer(OUTPUT_GATHER + self.chunk_size
+                                            + (self.chunk_size >> 3))
+
+    def release_buffer(self) -> None:
+        """This Cleaner is done: its output buffer goes to cleaner/spare_memory.py."""
+        out, self._out = self._out, None
+        if out is not None:
+            spare_memory.give_buffer(out)
 
     # -- a round ----------------------------------------------------------------------------
     def clean(self, ltc: LogToClean, now: Optional[int] = None) -> tuple:
@@ -238,8 +237,8 @@ class Cleaner(OffsetMapBuild):
         cleaned segments of groups from the last one back (see clean_groups). Returns the
         helper's ``(cleaned segment, its PendingFlush, group)`` in group order, neither sealed
         nor swapped in, once this thread has cleaned every other group (added to ``swaps``); None when the helper could not start (nothing
-        done). On any error none of the helper's files is left. The sibling, and its output
-        buffer, last only as long as this call.
+        done). On any error none of the helper's files is left. The sibling lasts only as long
+        as this call; its output buffer goes back to cleaner/spare_memory.py.
 
         Sharing the groups as they come balances the threads whatever each group costs: the
         last groups keep (and write) most of a round's output, and what writing it costs here
@@ -283,8 +282,10 @@ class Cleaner(OffsetMapBuild):
 
         job = map_helper_mod.start(write_later)
         if job is None:
+            sibling.release_buffer()
             return None
         later, error = job.beside(clean_earlier)   # the helper never outlives the round
+        sibling.release_buffer()
         if error is None:
             try:
                 clean_earlier()   # a group the helper gave back after this thread's last look
@@ -453,7 +454,8 @@ class Cleaner(OffsetMapBuild):
                 self._append(dest, self._out, op)
                 op = 0
             if len(self._out) < need:
-                self._out = _output_buffer(need)
+                spare_memory.give_buffer(self._out)
+                self._out = spare_memory.new_buffer(need)
         return op
 
     def _filter_special(self, lg, source, dest, mm, p: int, filt, txn, producers: dict,

@@ -12,10 +12,10 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from .. import _core
 from ..errors import CleaningAbortedError
 from ..records import TopicPartition
 from .cleaner import Cleaner
+from . import spare_memory
 from .manager import LogCleanerManager, LogToClean
 from .stats import CleanerStats
 from .throttler import Throttler
@@ -74,15 +74,17 @@ class LogCleaner:
             mine = self._workers.setdefault(thread_id, {})
             worker = mine.get(key)
             if worker is None:
-                omap = _core.OffsetMap(self.map_bytes_per_thread(),
-                                       float(self.config["log.cleaner.io.buffer.load.factor"]),
-                                       strategy, header)
+                omap = spare_memory.new_map(
+                    self.map_bytes_per_thread(),
+                    float(self.config["log.cleaner.io.buffer.load.factor"]), strategy, header)
                 io = int(self.config["log.cleaner.io.buffer.size"]) // self.num_threads // 2
                 # One cleaner thread may borrow a second core for its map build; several
                 # threads use the cores themselves (cleaner/map_helper.py).
                 worker = Cleaner(thread_id, omap, io, self.throttler, self.clock,
                                  map_helper=self.num_threads == 1)
-                mine.clear()  # one map per thread: a strategy change replaces it
+                for (_, old_header), old in mine.items():   # one map per thread: a
+                    self._spare(old, old_header)               # strategy change replaces it
+                mine.clear()
                 mine[key] = worker
         worker.check_done = self._check_done
         return worker
@@ -103,11 +105,26 @@ class LogCleaner:
             return i
 
     def release_on_demand_id(self, i: int) -> None:
-        """End an on-demand round: its map's pages go back to the OS until the next one."""
+        """End an on-demand round: its map is emptied, its pages kept for the next round
+        while they are few (cleaner/spare_memory.py)."""
         with self._workers_lock:
             self._on_demand_ids.discard(i)
             for worker in self._workers.get(i, {}).values():
-                worker.offset_map.clear()
+                spare_memory.clear_for_reuse(worker.offset_map)
+
+    def release_memory(self) -> None:
+        """The store is closing (the threads have stopped): every worker's map and output
+        buffer go to cleaner/spare_memory.py, for the process's next store."""
+        with self._workers_lock:
+            workers, self._workers = self._workers, {}
+        for mine in workers.values():
+            for (_, header), worker in mine.items():
+                self._spare(worker, header)
+
+    @staticmethod
+    def _spare(worker: Cleaner, header) -> None:
+        spare_memory.give_map(worker.offset_map, header)
+        worker.release_buffer()
 
     # -- one round --------------------------------------------------------------------------
     def clean_log(self, thread_id: int, ltc: LogToClean, now: Optional[int] = None,
