@@ -39,23 +39,33 @@ def _fsync_and_close(fd: int) -> None:
 
 class PendingFlush:
     """fsyncs of some descriptors (owned: each is closed once synced), started on the pool;
-    :meth:`wait` for them. Not waiting leaves them to finish on their own."""
+    :meth:`wait` for them. Not waiting leaves them to finish on their own.
 
-    def __init__(self, fds: Iterable[int]):
+    The first ``here`` descriptors are synced by :meth:`wait` itself, on the waiting thread:
+    a caller that waits at once (``LogSegment.flush``) saves a thread hand-off, which costs a
+    sleeping thread's wake-up (0.5 ms on this project's VMs)."""
+
+    def __init__(self, fds: Iterable[int], here: int = 0):
         fds = list(fds)
+        self._here, fds = fds[:here], fds[here:]
         self._futures = []
         try:
-            pool = _executor()
+            pool = _executor() if fds else None
             for fd in fds:
                 self._futures.append(pool.submit(_fsync_and_close, fd))
         except RuntimeError:   # no new thread (the interpreter is shutting down): sync here
-            for fd in fds[len(self._futures):]:
-                _fsync_and_close(fd)
+            self._here += fds[len(self._futures):]
 
     def wait(self) -> None:
         """Wait for every fsync, even after an interrupt or a failed one (none outlives its
         caller's wait), then raise the first error, if any."""
         error = None
+        here, self._here = self._here, []
+        for fd in here:
+            try:
+                _fsync_and_close(fd)
+            except BaseException as e:   # the rest are still closed, the pool still waited for
+                error = error or e
         for f in self._futures:
             while True:
                 try:

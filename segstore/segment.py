@@ -602,16 +602,17 @@ class LogSegment:
     # -- durability and files ---------------------------------------------------------------
     def flush(self) -> None:
         """fsync the log and its indexes (at once: segstore/flusher.py)."""
-        pending = self.start_flush()
+        pending = self.start_flush(here=1)   # the log on this thread, the indexes on the pool
         try:
             pending.wait()
         except BaseException:
             self._unsynced = True
             raise
 
-    def start_flush(self) -> PendingFlush:
-        """:meth:`flush`'s fsyncs, started on the flusher's threads: the files are synced once
-        ``wait()`` on the result returns without an error."""
+    def start_flush(self, here: int = 0) -> PendingFlush:
+        """:meth:`flush`'s fsyncs, started on the flusher's threads (but for the first
+        ``here``, which the wait makes): the files are synced once ``wait()`` on the result
+        returns without an error."""
         fds = []
         if self.readonly:
             return PendingFlush(fds)
@@ -628,7 +629,7 @@ class LogSegment:
                 os.close(fd)
             raise
         self._unsynced = False   # before the syncs start: a later write marks it again
-        return PendingFlush(fds)
+        return PendingFlush(fds, here)
 
     def close(self) -> None:
         """Final time-index entry, trim and close (a later open sees only valid entries)."""

@@ -47,6 +47,16 @@ def test_pending_flush_syncs_and_closes_on_the_pool(tmp_path, synced):
             os.fstat(fd)
 
 
+def test_the_first_here_descriptors_are_synced_by_the_waiting_thread(tmp_path, synced):
+    fds = [os.open(tmp_path / f"f{i}", os.O_WRONLY | os.O_CREAT) for i in range(3)]
+    pending = flusher.PendingFlush(fds, here=1)
+    pending.wait()
+    threads = dict(synced)
+    assert threads["f0"] == threading.current_thread().name
+    assert threads["f1"].startswith("segstore-flusher")
+    assert threads["f2"].startswith("segstore-flusher")
+
+
 def test_pending_flush_waits_for_all_then_raises_the_error(tmp_path, monkeypatch):
     ended = []
     gate = threading.Event()
