@@ -37,6 +37,22 @@ def _fsync_and_close(fd: int) -> None:
         os.close(fd)
 
 
+class _Sync:
+    """One descriptor's fsync, run by whichever claims it first: the pool's thread, or the
+    waiting thread when the pool could not start one (``submit`` queues the work before it
+    starts a thread, so a refused start can still run it later, on a closed number)."""
+
+    __slots__ = ("fd", "_claim")
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._claim = threading.Lock()
+
+    def run(self) -> None:
+        if self._claim.acquire(blocking=False):
+            _fsync_and_close(self.fd)
+
+
 class PendingFlush:
     """fsyncs of some descriptors (owned: each is closed once synced), started on the pool;
     :meth:`wait` for them. Not waiting leaves them to finish on their own.
@@ -46,24 +62,24 @@ class PendingFlush:
     sleeping thread's wake-up (0.5 ms on this project's VMs)."""
 
     def __init__(self, fds: Iterable[int], here: int = 0):
-        fds = list(fds)
-        self._here, fds = fds[:here], fds[here:]
+        syncs = [_Sync(fd) for fd in fds]
+        self._here, syncs = syncs[:here], syncs[here:]
         self._futures = []
         try:
-            pool = _executor() if fds else None
-            for fd in fds:
-                self._futures.append(pool.submit(_fsync_and_close, fd))
-        except RuntimeError:   # no new thread (the interpreter is shutting down): sync here
-            self._here += fds[len(self._futures):]
+            pool = _executor() if syncs else None
+            for sync in syncs:
+                self._futures.append(pool.submit(sync.run))
+        except RuntimeError:   # no new thread (or the interpreter is shutting down): sync here
+            self._here += syncs[len(self._futures):]
 
     def wait(self) -> None:
         """Wait for every fsync, even after an interrupt or a failed one (none outlives its
         caller's wait), then raise the first error, if any."""
         error = None
         here, self._here = self._here, []
-        for fd in here:
+        for sync in here:
             try:
-                _fsync_and_close(fd)
+                sync.run()
             except BaseException as e:   # the rest are still closed, the pool still waited for
                 error = error or e
         for f in self._futures:

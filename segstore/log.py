@@ -562,25 +562,34 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             if expected_truncations is not None and expected_truncations != self.truncations:
                 raise CleaningAbortedError(
                     f"{self.topic}-{self.partition} was truncated while it was being cleaned")
-            st = self._state
-            live = {id(sg) for sg in st.segments}
-            old = sorted((sg for sg in old_segments if id(sg) in live), key=lambda sg: sg.base_offset)
-            for sg in reversed(new):
-                sg.change_file_suffixes(CLEANED_SUFFIX, SWAP_SUFFIX)
-                _swap_step("swap", sg.base_offset)
-            new_bases = {sg.base_offset for sg in new}
-            gone = {id(sg) for sg in old}
-            kept = [sg for sg in st.segments if id(sg) not in gone and sg.base_offset not in new_bases]
-            segs = tuple(sorted(kept + new, key=lambda sg: sg.base_offset))
-            self._state = _State(segs, st.log_start_offset, st.log_end_offset)
-            for sg in old:
-                self._retire(sg)
-                _swap_step("deleted", sg.base_offset)
-            for sg in new:
-                sg.change_file_suffixes(SWAP_SUFFIX, "")
-                _swap_step("renamed", sg.base_offset)
-            if not sync_directory:
-                return PendingFlush([os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)])
+            # Opened before the first rename: once a segment is renamed .swap it is the
+            # log's, and nothing after that may fail for want of a descriptor.
+            dir_fd = None if sync_directory else os.open(self.directory,
+                                                         os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                st = self._state
+                live = {id(sg) for sg in st.segments}
+                old = sorted((sg for sg in old_segments if id(sg) in live), key=lambda sg: sg.base_offset)
+                for sg in reversed(new):
+                    sg.change_file_suffixes(CLEANED_SUFFIX, SWAP_SUFFIX)
+                    _swap_step("swap", sg.base_offset)
+                new_bases = {sg.base_offset for sg in new}
+                gone = {id(sg) for sg in old}
+                kept = [sg for sg in st.segments if id(sg) not in gone and sg.base_offset not in new_bases]
+                segs = tuple(sorted(kept + new, key=lambda sg: sg.base_offset))
+                self._state = _State(segs, st.log_start_offset, st.log_end_offset)
+                for sg in old:
+                    self._retire(sg)
+                    _swap_step("deleted", sg.base_offset)
+                for sg in new:
+                    sg.change_file_suffixes(SWAP_SUFFIX, "")
+                    _swap_step("renamed", sg.base_offset)
+            except BaseException:
+                if dir_fd is not None:
+                    os.close(dir_fd)
+                raise
+            if dir_fd is not None:
+                return PendingFlush([dir_fd])
             fsync_dir(self.directory)
             return None
 

@@ -616,19 +616,20 @@ class LogSegment:
         fds = []
         if self.readonly:
             return PendingFlush(fds)
-        try:
-            if self._fd_value is not None:  # never opened: nothing written through it
-                fds.append(os.dup(self._fd_value))
-            indexes = (self._offset_index, self._time_index, self._txn_index)
-            for index in indexes:
-                fd = index.open_for_sync() if index is not None else None
-                if fd is not None:
-                    fds.append(fd)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        self._unsynced = False   # before the syncs start: a later write marks it again
+        with self._lock:   # release_files may close the descriptors
+            try:
+                if self._fd_value is not None:  # never opened: nothing written through it
+                    fds.append(os.dup(self._fd_value))
+                indexes = (self._offset_index, self._time_index, self._txn_index)
+                for index in indexes:
+                    fd = index.open_for_sync() if index is not None else None
+                    if fd is not None:
+                        fds.append(fd)
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            self._unsynced = False   # before the syncs start: a later write marks it again
         return PendingFlush(fds, here)
 
     def close(self) -> None:

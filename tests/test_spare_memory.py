@@ -119,3 +119,9 @@ def test_a_buffer_is_reused_only_at_its_size():
     spare_memory.give_buffer(b)
     assert spare_memory.new_buffer(1 << 17) is not b
     assert spare_memory.new_buffer(1 << 16) is b
+
+
+def test_a_buffer_grown_for_an_outsized_batch_is_not_kept():
+    big = spare_memory.new_buffer(spare_memory.MAX_BUFFER_BYTES + 4096)
+    spare_memory.give_buffer(big)
+    assert spare_memory._buffers == []

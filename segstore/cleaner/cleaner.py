@@ -360,10 +360,11 @@ class Cleaner(OffsetMapBuild):
                 self._clean_into(lg, seg, cleaned, filt, txn, producers, retain_legacy, now,
                                  upper)
             cleaned.on_become_inactive()
+            syncs = cleaned.start_flush()
         except BaseException:
             discard((cleaned,))
             raise
-        return cleaned, cleaned.start_flush()
+        return cleaned, syncs
 
     def seal(self, cleaned: LogSegment, group, syncs) -> None:
         """Wait for ``cleaned``'s fsyncs (``syncs``), then date it like ``group``'s last
@@ -381,7 +382,8 @@ class Cleaner(OffsetMapBuild):
 
     def swap_in(self, lg, cleaned: LogSegment, group, truncations: int,
                 stats: CleanerStats) -> PendingFlush:
-        """Swap ``cleaned`` in for ``group`` (REF §2.2); deleted again on an error. The fsync
+        """Swap ``cleaned`` in for ``group`` (REF §2.2); deleted again on an error before the
+        swap committed it (renamed it ``.swap``; after that the loader completes it). The fsync
         of the partition directory that makes the renames durable is returned pending: wait for
         it (InOrderSwaps waits before the next swap, the group between filtered meanwhile)."""
         try:
@@ -395,7 +397,8 @@ class Cleaner(OffsetMapBuild):
             stats.segments_cleaned += len(group)
             stats.segments_written += 1
         except BaseException:
-            discard((cleaned,))
+            if cleaned.suffix == CLEANED_SUFFIX:   # not committed: renamed .swap, it is the log's
+                discard((cleaned,))
             raise
         return directory_sync
 

@@ -48,6 +48,7 @@ class LogCleaner:
         self._workers: dict = {}            # thread id -> {strategy: Cleaner}
         self._workers_lock = threading.Lock()
         self._on_demand_ids: set = set()    # negative ids of on-demand rounds in progress
+        self._memory_released = False       # the store closed: workers go to spare_memory
 
     # -- workers ----------------------------------------------------------------------------
     @property
@@ -106,18 +107,31 @@ class LogCleaner:
 
     def release_on_demand_id(self, i: int) -> None:
         """End an on-demand round: its map is emptied, its pages kept for the next round
-        while they are few (cleaner/spare_memory.py)."""
+        while they are few (cleaner/spare_memory.py); after :meth:`release_memory` its map
+        and buffer go to the spare list."""
         with self._workers_lock:
             self._on_demand_ids.discard(i)
-            for worker in self._workers.get(i, {}).values():
-                spare_memory.clear_for_reuse(worker.offset_map)
+            if self._memory_released:
+                mine = self._workers.pop(i, {})
+            else:
+                mine = {}
+                for worker in self._workers.get(i, {}).values():
+                    spare_memory.clear_for_reuse(worker.offset_map)
+        for (_, header), worker in mine.items():
+            self._spare(worker, header)
 
     def release_memory(self) -> None:
-        """The store is closing (the threads have stopped): every worker's map and output
-        buffer go to cleaner/spare_memory.py, for the process's next store."""
+        """The store is closing (the threads have stopped): every idle worker's map and
+        output buffer go to cleaner/spare_memory.py, for the process's next store; those of
+        an on-demand round still running (another thread's ``store.compact``, aborting)
+        go when it ends."""
         with self._workers_lock:
-            workers, self._workers = self._workers, {}
-        for mine in workers.values():
+            self._memory_released = True
+            idle = {i: mine for i, mine in self._workers.items()
+                    if i not in self._on_demand_ids}
+            for i in idle:
+                del self._workers[i]
+        for mine in idle.values():
             for (_, header), worker in mine.items():
                 self._spare(worker, header)
 

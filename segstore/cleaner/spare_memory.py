@@ -17,12 +17,14 @@ takes them. A map or buffer taken from here behaves exactly as a new one.
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 
 from .. import _core
 
 KEPT_TABLE_BYTES = 16 << 20   # a larger table's pages go back to the OS between rounds
 MAX_SPARE = 2                 # maps, and buffers, kept for later stores (two threads' worth)
+MAX_BUFFER_BYTES = 32 << 20   # a larger output buffer (grown for one batch) is not kept
 
 _lock = threading.Lock()
 _maps: list = []      # (key, OffsetMap), most recently given last
@@ -73,7 +75,20 @@ def new_buffer(size: int):
 
 
 def give_buffer(buf) -> None:
-    """Keep an output buffer (no longer used) for a later :func:`new_buffer`."""
+    """Keep an output buffer (no longer used) for a later :func:`new_buffer`; one grown
+    beyond MAX_BUFFER_BYTES (for an outsized batch) is let go."""
+    if len(buf) > MAX_BUFFER_BYTES:
+        return
     with _lock:
         _buffers.append(buf)
         del _buffers[:-MAX_SPARE]
+
+
+def _forget_lock() -> None:
+    # A forked child (a Spark worker) may have been forked while another thread held it.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_lock)

@@ -62,9 +62,13 @@ class InOrderSwaps:
             pass
 
     def _swap(self, written: tuple) -> None:
-        cleaned, syncs, group = written   # seal and swap_in delete it if they fail
-        self.cleaner.seal(cleaned, group, syncs)
-        self._wait_directory()   # the previous swap is durable before the next one starts
+        cleaned, syncs, group = written
+        try:
+            self._wait_directory()   # the previous swap is durable before the next one starts
+        except BaseException:
+            discard_unsealed([written])
+            raise
+        self.cleaner.seal(cleaned, group, syncs)   # seal and swap_in delete it if they fail
         self.directory_sync = self.cleaner.swap_in(self.lg, cleaned, group, self.truncations,
                                                    self.stats)
 
@@ -76,13 +80,18 @@ class InOrderSwaps:
 
 def discard_unsealed(written) -> None:
     """Delete cleaned segments whose fsyncs were started (``(cleaned, PendingFlush, ...)``
-    each), once those have ended."""
+    each), once those have ended. An interrupt while waiting is raised once all are deleted."""
+    interrupt = None
     for cleaned, syncs, *_ in written:
         try:
             syncs.wait()
         except Exception:   # it is deleted either way
             pass
+        except BaseException as e:   # KeyboardInterrupt: wait() waited for every fsync first
+            interrupt = interrupt or e
         discard((cleaned,))
+    if interrupt is not None:
+        raise interrupt
 
 
 def discard(cleaned_segments) -> None:

@@ -1,0 +1,170 @@
+"""Failures around a cleaned segment's fsyncs and swap, and cleaner memory shared between
+stores (found in review of the flusher, the in-order swaps and spare_memory): no .cleaned file
+or descriptor is left, no descriptor is closed twice, no live segment is deleted, and no map or
+buffer serves two rounds at once."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import pytest
+
+import segstore
+from conftest import FakeClock
+from segstore import flusher
+from segstore.cleaner import spare_memory
+from segstore.cleaner.cleaner import Cleaner
+from segstore.index import OffsetIndex
+from test_cleaner_service import _grouped_store, stores, temp_files  # noqa: F401
+
+T0 = 1_700_000_000_000
+
+
+def _open_fds_to(suffix: str) -> list:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if suffix in target:
+            out.append(target)
+    return out
+
+
+# write_unsealed: a failure to start the fsyncs deletes the segment.
+def test_start_flush_error_leaves_no_cleaned_files(stores, monkeypatch):
+    s, lg = _grouped_store(stores)
+    real = OffsetIndex.open_for_sync
+
+    def emfile(self):
+        if self.path.endswith(".cleaned"):
+            raise OSError(errno.EMFILE, "Too many open files (injected)")
+        return real(self)
+    monkeypatch.setattr(OffsetIndex, "open_for_sync", emfile)
+    with pytest.raises(OSError, match="injected"):
+        s.compact("t", force=True)
+    leaked = _open_fds_to(".cleaned")
+    assert temp_files(lg.directory) == [], temp_files(lg.directory)
+    assert leaked == [], leaked
+
+
+# InOrderSwaps: an error from the previous swap's directory fsync deletes the segment that
+# was to be swapped in next.
+def test_failed_directory_sync_leaves_no_cleaned_files(stores, monkeypatch):
+    s, lg = _grouped_store(stores)
+    real = os.fsync
+    directory = os.path.realpath(lg.directory)
+
+    def fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}") == directory:
+            raise OSError(errno.EIO, "injected EIO on the directory")
+        real(fd)
+    monkeypatch.setattr(flusher.os, "fsync", fsync)
+    with pytest.raises(OSError, match="injected"):
+        s.compact("t", force=True)
+    leaked = _open_fds_to(".cleaned")
+    assert temp_files(lg.directory) == [], temp_files(lg.directory)
+    assert leaked == [], leaked
+
+
+# PendingFlush: when the pool cannot start a thread, submit() has already queued the work;
+# the fsync runs here instead, and the queued item, run later, must not close the number
+# again (by then it may belong to another file).
+def test_thread_start_failure_does_not_close_a_descriptor_twice(tmp_path, monkeypatch):
+    monkeypatch.setattr(flusher, "_pool", None)
+    real_start = threading.Thread.start
+
+    def failing_start(self):
+        if self.name.startswith("segstore-flusher"):
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+    monkeypatch.setattr(threading.Thread, "start", failing_start)
+    a = os.open(tmp_path / "a", os.O_WRONLY | os.O_CREAT)
+    flusher.PendingFlush([a]).wait()           # synced and closed by the fallback
+    victim = os.open(tmp_path / "victim", os.O_WRONLY | os.O_CREAT)
+    assert victim == a                         # the number is reused at once
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    b = os.open(tmp_path / "b", os.O_WRONLY | os.O_CREAT)
+    flusher.PendingFlush([b]).wait()           # the pool's first thread runs a's stale item too
+    try:
+        os.fstat(victim)                       # EBADF: closed by someone else
+    finally:
+        try:
+            os.close(victim)
+        except OSError:
+            pass
+
+
+# spare_memory: a store closed while another thread's compact() runs keeps that round's map
+# and buffer out of the spare list until the round ends.
+def _compacted_store(path, n=3000, keys=300):
+    s = segstore.open(str(path), clock=FakeClock(T0))
+    s.create_topic("t", 1, {"cleanup.policy": "compact", "segment.bytes": 20_000})
+    lg = s.partition("t", 0)
+    for i in range(0, n, 100):
+        lg.append_batch([b"v%d" % j for j in range(i, i + 100)],
+                        keys=[b"k%d" % (j % keys) for j in range(i, i + 100)])
+    return s, lg
+
+
+def test_close_during_compact_does_not_share_memory_with_the_next_store(tmp_path, monkeypatch):
+    monkeypatch.setattr(spare_memory, "_maps", [])
+    monkeypatch.setattr(spare_memory, "_buffers", [])
+    s1, _ = _compacted_store(tmp_path / "a")
+    s2 = None
+    built, resume = threading.Event(), threading.Event()
+    real_build = Cleaner.build_offset_map
+    in_round = {}
+
+    def build(self, lg, *a, **k):
+        real_build(self, lg, *a, **k)
+        if lg.directory.startswith(str(tmp_path / "a")):
+            in_round["map"], in_round["out"], in_round["worker"] = self.offset_map, self._out, self
+            built.set()
+            resume.wait(10)
+    monkeypatch.setattr(Cleaner, "build_offset_map", build)
+    errors = []
+
+    def run():
+        try:
+            s1.compact("t", force=True)
+        except BaseException as e:   # noqa: BLE001
+            errors.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert built.wait(10)
+        s1.close()                                # the round in `t` still holds its worker
+        s2, _ = _compacted_store(tmp_path / "b")
+        s2.compact("t", force=True)
+        w2 = next(iter(s2.cleaner._workers[-1].values()))
+        shared = [name for name, mine, theirs in (("map", in_round["map"], w2.offset_map),
+                                                  ("out", in_round["out"], w2._out))
+                  if mine is theirs]
+        assert shared == [], f"{shared} in use by store a's running round and store b"
+        assert in_round["worker"]._out is not None, "a running round's _out was released"
+    finally:
+        resume.set()
+        t.join(10)
+        if s2 is not None:
+            s2.close()
+
+
+# swap_in: an error after the swap committed the segment (renamed it .swap) never deletes
+# it: it is the log's.
+def test_error_after_the_swap_does_not_delete_the_live_segment(stores, monkeypatch):
+    s, lg = _grouped_store(stores)
+    import segstore.log as log_mod
+    real_pf = log_mod.PendingFlush
+
+    def failing(fds):
+        raise OSError(errno.EMFILE, "Too many open files (injected)")
+    monkeypatch.setattr(log_mod, "PendingFlush", failing)
+    with pytest.raises(OSError, match="injected"):
+        s.compact("t", force=True)
+    monkeypatch.setattr(log_mod, "PendingFlush", real_pf)
+    missing = [seg.log_path for seg in lg.segments if not os.path.exists(seg.log_path)]
+    assert missing == [], missing
