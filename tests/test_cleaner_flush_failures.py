@@ -11,13 +11,12 @@ import threading
 
 import pytest
 
-import segstore
-from conftest import FakeClock
 from segstore import flusher
 from segstore.cleaner import spare_memory
 from segstore.cleaner.cleaner import Cleaner
 from segstore.index import OffsetIndex
 from test_cleaner_service import _grouped_store, stores, temp_files  # noqa: F401
+from test_spare_memory import _compacted_store
 
 T0 = 1_700_000_000_000
 
@@ -100,16 +99,6 @@ def test_thread_start_failure_does_not_close_a_descriptor_twice(tmp_path, monkey
 
 # spare_memory: a store closed while another thread's compact() runs keeps that round's map
 # and buffer out of the spare list until the round ends.
-def _compacted_store(path, n=3000, keys=300):
-    s = segstore.open(str(path), clock=FakeClock(T0))
-    s.create_topic("t", 1, {"cleanup.policy": "compact", "segment.bytes": 20_000})
-    lg = s.partition("t", 0)
-    for i in range(0, n, 100):
-        lg.append_batch([b"v%d" % j for j in range(i, i + 100)],
-                        keys=[b"k%d" % (j % keys) for j in range(i, i + 100)])
-    return s, lg
-
-
 def test_close_during_compact_does_not_share_memory_with_the_next_store(tmp_path, monkeypatch):
     monkeypatch.setattr(spare_memory, "_maps", [])
     monkeypatch.setattr(spare_memory, "_buffers", [])
