@@ -18,7 +18,6 @@ from segstore.index import OffsetIndex
 from test_cleaner_service import _grouped_store, stores, temp_files  # noqa: F401
 from test_spare_memory import _compacted_store
 
-T0 = 1_700_000_000_000
 
 
 def _open_fds_to(suffix: str) -> list:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor
 
@@ -450,6 +451,11 @@ def test_a_failed_split_round_leaves_the_log_as_it_was(tmp_path, monkeypatch,
                 if threading.get_ident() == threading.main_thread().ident:
                     calls.append(1)
                     if len(calls) == 2:
+                        # Once the helper has a group of its own (it starts a thread wake-up
+                        # later, and this thread no longer waits on fsyncs between groups).
+                        deadline = time.monotonic() + 10
+                        while not helper_groups and time.monotonic() < deadline:
+                            time.sleep(0.0005)
                         raise OSError("disk full (injected) on the cleaner thread")
                 return real(self, *a, **k)
 
@@ -642,7 +648,6 @@ def test_an_interrupt_while_the_cleaner_thread_waits_stops_the_helper_first(
     .cleaned files are deleted, and only then does KeyboardInterrupt leave compact(); the
     helper is free and the log reads as before."""
     import signal
-    import time
 
     clock = FakeClock(T0)
     store, lg = _store(tmp_path / "s", clock, gzip=False)
