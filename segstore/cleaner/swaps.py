@@ -3,9 +3,11 @@
 ``Cleaner.write_unsealed`` writes a group's ``.cleaned`` segment and starts its files' fsyncs
 (segstore/flusher.py); :class:`InOrderSwaps` seals it (``Cleaner.seal``: waits for them, dates
 the files) and swaps it in (``Cleaner.swap_in``) once the next group is written, so the device
-syncs one group while the cleaner filters the next. Kafka flushes and swaps each group before
-it starts the next one: on this project's VMs a round of ten groups waited 15 - 20 ms on its
-syncs that way, 1 - 5 ms now.
+syncs one group while the cleaner filters the next. The fsync of the partition directory that
+makes a swap's renames durable (REF §2.2 step 4) runs the same way: it is waited for before the
+next swap and at the end of the round. Kafka flushes, swaps and syncs the directory before it
+starts the next group: on this project's VMs a round of ten groups waited 10 - 20 ms on its
+syncs that way, 0 - 4.4 ms now.
 """
 
 from __future__ import annotations
