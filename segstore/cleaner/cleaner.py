@@ -236,8 +236,9 @@ class Cleaner(OffsetMapBuild):
         """Groups cleaned and swapped in here from the first on while the helper writes the
         cleaned segments of groups from the last one back (see clean_groups). Returns the
         helper's ``(cleaned segment, its PendingFlush, group)`` in group order, neither sealed
-        nor swapped in, once this thread has cleaned every other group (added to ``swaps``); None when the helper could not start (nothing
-        done). On any error none of the helper's files is left. The sibling lasts only as long
+        nor swapped in, once this thread has cleaned every other group (added to ``swaps``);
+        None when the helper could not start (nothing done). On any error none of the
+        helper's files is left. The sibling lasts only as long
         as this call; its output buffer goes back to cleaner/spare_memory.py.
 
         Sharing the groups as they come balances the threads whatever each group costs: the
@@ -322,17 +323,16 @@ class Cleaner(OffsetMapBuild):
 
     def clean_segments(self, lg, group, filt, txn, now: int, legacy_horizon: int, upper: int,
                        truncations: int, stats: CleanerStats) -> None:
-        """Filter ``group`` into ``<base>.log.cleaned`` and swap it in for the group."""
-        cleaned = self.write_cleaned(lg, group, filt, txn, now, legacy_horizon, upper)
-        self.swap_in(lg, cleaned, group, truncations, stats).wait()
-
-    def write_cleaned(self, lg, group, filt, txn, now: int, legacy_horizon: int,
-                      upper: int) -> LogSegment:
-        """Filter ``group`` into ``<base>.log.cleaned``, synced and dated like the group's last
-        segment; deleted again on an error."""
-        cleaned, syncs = self.write_unsealed(lg, group, filt, txn, now, legacy_horizon, upper)
-        self.seal(cleaned, group, syncs)
-        return cleaned
+        """Filter ``group`` into ``<base>.log.cleaned`` and swap it in for the group, durably;
+        nothing is left of it on an error."""
+        swaps = InOrderSwaps(self, lg, truncations, stats)
+        try:
+            swaps.add(self.write_unsealed(lg, group, filt, txn, now, legacy_horizon, upper),
+                      group)
+            swaps.finish()
+        except BaseException:
+            swaps.discard()
+            raise
 
     def write_unsealed(self, lg, group, filt, txn, now: int, legacy_horizon: int,
                        upper: int) -> tuple:
@@ -397,7 +397,7 @@ class Cleaner(OffsetMapBuild):
             stats.segments_cleaned += len(group)
             stats.segments_written += 1
         except BaseException:
-            if cleaned.suffix == CLEANED_SUFFIX:   # not committed: renamed .swap, it is the log's
+            if cleaned.suffix == CLEANED_SUFFIX:   # once renamed .swap it is the log's
                 discard((cleaned,))
             raise
         return directory_sync

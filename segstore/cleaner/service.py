@@ -83,8 +83,7 @@ class LogCleaner:
                 # threads use the cores themselves (cleaner/map_helper.py).
                 worker = Cleaner(thread_id, omap, io, self.throttler, self.clock,
                                  map_helper=self.num_threads == 1)
-                for (_, old_header), old in mine.items():   # one map per thread: a
-                    self._spare(old, old_header)               # strategy change replaces it
+                _spare(mine)   # one map per thread: a strategy change replaces it
                 mine.clear()
                 mine[key] = worker
         worker.check_done = self._check_done
@@ -117,8 +116,7 @@ class LogCleaner:
                 mine = {}
                 for worker in self._workers.get(i, {}).values():
                     spare_memory.clear_for_reuse(worker.offset_map)
-        for (_, header), worker in mine.items():
-            self._spare(worker, header)
+        _spare(mine)
 
     def release_memory(self) -> None:
         """The store is closing (the threads have stopped): every idle worker's map and
@@ -132,13 +130,7 @@ class LogCleaner:
             for i in idle:
                 del self._workers[i]
         for mine in idle.values():
-            for (_, header), worker in mine.items():
-                self._spare(worker, header)
-
-    @staticmethod
-    def _spare(worker: Cleaner, header) -> None:
-        spare_memory.give_map(worker.offset_map, header)
-        worker.release_buffer()
+            _spare(mine)
 
     # -- one round --------------------------------------------------------------------------
     def clean_log(self, thread_id: int, ltc: LogToClean, now: Optional[int] = None,
@@ -273,3 +265,11 @@ class LogCleaner:
             "uncleanable-partitions-count": len(self.manager.uncleanable),
             "uncleanable-bytes": self.manager.uncleanable_bytes(),
         }
+
+
+def _spare(workers: dict) -> None:
+    """Give the maps and output buffers of ``workers`` (``{(strategy, header): Cleaner}``,
+    no longer used) to cleaner/spare_memory.py."""
+    for (_, header), worker in workers.items():
+        spare_memory.give_map(worker.offset_map, header)
+        worker.release_buffer()
