@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from . import _core
+from . import _core, segment_reads
 from .columns import RecordColumns
 from .errors import CorruptRecordError, InvalidOffsetError, OffsetOutOfRangeError
 from .log_state import LogState as _State
@@ -61,8 +61,8 @@ class LogReads:
             if end_offset is not None and seg.base_offset >= end_offset:
                 break
             left = None if max_records is None else max_records - len(out)
-            rng = seg._read_range(offset, budget, min_one_message=not out, end_offset=end_offset,
-                                  max_records=left)
+            rng = segment_reads.read_range(seg, offset, budget, min_one_message=not out,
+                                           end_offset=end_offset, max_records=left)
             if rng is None:
                 continue
             buf, start, end, damage = rng

@@ -6,7 +6,8 @@ that may be mapped is never shrunk in place (a reader touching a cut page would 
 truncating a segment writes the kept prefix to a new file and renames it over the old one.
 
 File naming lives in :mod:`segstore.segment_files`, the checks of a segment's offsets and indexes
-(and ``verify()``) in :mod:`segstore.segment_checks`.
+(and ``verify()``) in :mod:`segstore.segment_checks`, reads by offset (``translate_offset``,
+``read_range``) in :mod:`segstore.segment_reads`.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from typing import Optional
 
 import numpy as np
 
-from . import _core
+from . import _core, segment_reads
 from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
 from .flusher import PendingFlush
 from .index import OffsetIndex, TimeIndex
 # Names defined by the helper modules are re-exported: the package and its tests import them
 # from here.
-from .segment_checks import (MAX_RELATIVE_OFFSET, Problem, consistent_prefix,
-                             entry_points_at_batch, first_offsets, sanity_check_indexes,
-                             verify_segment)
+from .segment_checks import (MAX_RELATIVE_OFFSET, Problem, consistent_prefix, first_offsets,
+                             sanity_check_indexes, verify_segment)
 from .segment_files import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
                             SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix,
                             read_map, replace_suffix, segment_paths)
@@ -39,7 +39,6 @@ __all__ = ["LogSegment", "sealed_index_entries", "Problem", "MAX_RELATIVE_OFFSET
            "TXN_INDEX_SUFFIX", "CLEANED_SUFFIX", "SWAP_SUFFIX", "DELETED_SUFFIX"]
 
 log = logging.getLogger("segstore.segment")
-MAX_OFFSET = np.iinfo(np.int64).max
 
 
 def sealed_index_entries(batches: np.ndarray, base_offset: int, index_interval_bytes: int):
@@ -235,112 +234,22 @@ class LogSegment:
                                   max_batches=max_batches, raise_on_corrupt=raise_on_corrupt,
                                   file=self.log_path, strict=strict)
 
-    def _index_position(self, offset: int, size: int, buf) -> int:
-        """Where to start scanning for ``offset``: the offset-index floor, if the batch there
-        really holds the entry's offset; a damaged index is never trusted (scan from 0)."""
-        entry_offset, pos = self.offset_index.lookup(offset)
-        if pos <= 0 or pos >= size:
-            return 0
-        if not entry_points_at_batch(buf, size, entry_offset, pos):
-            log.warning(
-                "ignoring the offset index of %s: entry (%d, %d) does not point at its batch",
-                self.log_path, entry_offset, pos)
-            return 0
-        return pos
-
     def translate_offset(self, offset: int, start_position: int = 0):
-        """First batch at or after ``start_position`` whose last offset >= ``offset``.
-
-        Returns a BATCH_DTYPE row (position is in the file) or None. The segment holds only
-        whole batches, so a batch running past its size is reported as CorruptRecordError, but
-        only when the scan reaches it before finding the batch: damage further on is left to the
-        reads that need it (Kafka walks batch by batch and never looks past its target).
-        """
-        size = self.size  # read once: an append may grow it while we scan
-        buf = self.buffer(size)
-        pos = max(self._index_position(offset, size, buf), start_position)
-        while pos < size:
-            res = self._scan_ahead(pos, size)
-            b = res.batches
-            hit = np.nonzero(b["last_offset"] >= offset)[0]
-            if len(hit):
-                return b[hit[0]]
-            if res.error is not None:
-                raise res.error
-            if len(b) == 0:
-                return None
-            pos = int(b["position"][-1] + b["size"][-1])
-        return None
-
-    def _scan_ahead(self, start: int, end: int):
-        # Headers of up to 64 whole batches from ``start``; a damaged one ends the scan and is
-        # returned, not raised: only the caller knows whether it needed that batch.
-        return self.scan(start, end, max_batches=64, strict=True, raise_on_corrupt=False)
+        """First batch at or after ``start_position`` whose last offset >= ``offset``: a
+        BATCH_DTYPE row (position in the file) or None (see
+        :func:`segstore.segment_reads.translate_offset`)."""
+        return segment_reads.translate_offset(self, offset, start_position)
 
     def read_range(self, start_offset: int, max_bytes: int, max_position: Optional[int] = None,
                    min_one_message: bool = True, end_offset: Optional[int] = None):
-        """(buffer, start, end) of whole batches from the one holding ``start_offset``.
-
-        Follows Kafka's LogSegment.read: batches up to ``max_bytes`` (at least the first when
-        ``min_one_message``), never past ``max_position`` and (like the maxOffset Kafka's read
-        once took) none starting at or after ``end_offset``; unlike Kafka the range ends on a
-        batch boundary, so a reader never sees a cut batch. None when no batch qualifies.
-        Damage is raised only where the range would take the damaged batch.
-        """
-        rng = self._read_range(start_offset, max_bytes, max_position, min_one_message, end_offset)
+        """(buffer, start, end) of whole batches from the one holding ``start_offset``, or
+        None; Kafka's LogSegment.read (see :func:`segstore.segment_reads.read_range`). Damage
+        is raised only where the range would take the damaged batch."""
+        rng = segment_reads.read_range(self, start_offset, max_bytes, max_position,
+                                       min_one_message, end_offset)
         if rng is not None and rng[3] is not None:
             raise rng[3]
         return None if rng is None else rng[:3]
-
-    def _read_range(self, start_offset: int, max_bytes: int, max_position: Optional[int] = None,
-                    min_one_message: bool = True, end_offset: Optional[int] = None,
-                    max_records: Optional[int] = None):
-        """read_range, as (buffer, start, end, damage): ``damage`` is the CorruptRecordError of
-        a batch the range would have taken next (it ends before it), None when the range is
-        whole. Only the caller, once it has decoded the range, knows whether it needed more.
-
-        With ``max_records`` the range also ends once its batches surely hold that many records
-        from ``start_offset`` on (by their headers' counts): a read of a few records does not
-        walk a whole ``max_bytes`` of batches.
-        """
-        first = self.translate_offset(start_offset)
-        if first is None:
-            return None
-        start = int(first["position"])
-        size = self.size
-        limit = size if max_position is None else min(max_position, size)
-        end = start + int(first["size"])
-        if end > limit or (not min_one_message and end - start > max_bytes):
-            return None
-        stop = MAX_OFFSET if end_offset is None else end_offset
-        last = int(first["last_offset"])
-        buf = self.buffer(size)
-        held = None  # with max_records: how many records the range surely holds
-        error = None
-        while end < limit and end - start < max_bytes and last + 1 < stop:
-            if max_records is not None:
-                if held is None:
-                    held = _least_records_of(first, start_offset, stop)
-                if held >= max_records:
-                    break
-            if error is not None:
-                return buf, start, end, error  # the damaged batch starts where the range wants more
-            res = self._scan_ahead(end, limit)
-            b = res.batches
-            ends = b["position"] + b["size"]
-            # A legacy compressed wrapper scans with base offset -1, so it is kept.
-            wanted = (ends - start <= max_bytes) & (b["base_offset"] < stop)
-            n = len(b) if wanted.all() else int(wanted.argmin())
-            if max_records is not None and n:
-                total = held + np.cumsum(_least_records(b[:n], start_offset, stop))
-                n = min(n, int(np.searchsorted(total, max_records)) + 1)
-                held = int(total[n - 1])
-            if n:
-                end, last = int(ends[n - 1]), int(b["last_offset"][n - 1])
-            if n < len(b):
-                break
-            error = res.error
-        return buf, start, end, None
 
     # -- timestamps -------------------------------------------------------------------------
     def _load_max_timestamp(self) -> tuple[int, int]:
@@ -692,24 +601,3 @@ class LogSegment:
 
     def __repr__(self) -> str:
         return f"LogSegment(base_offset={self.base_offset}, size={self.size}, path={self.log_path!r})"
-
-
-def _least_records_of(batch, start_offset: int, stop: int) -> int:
-    """:func:`_least_records` of one batch, in plain ints (numpy is slow on one row)."""
-    if batch["magic"] >= 2 and batch["attributes"] & 0x20:
-        return 0
-    outside = (max(start_offset - int(batch["base_offset"]), 0)
-               + max(int(batch["last_offset"]) - stop + 1, 0))
-    return max(int(batch["records_count"]) - outside, 0)
-
-
-def _least_records(batches, start_offset: int, stop: int):
-    """How many records at or after ``start_offset`` and below ``stop`` each batch (scanned
-    header rows) holds at least, by its header: its record count less the offsets it spans
-    outside them (a compacted batch may hold fewer there); none in a control batch, or in a
-    legacy compressed wrapper (its count is unknown, -1)."""
-    count = batches["records_count"].astype(np.int64)
-    outside = (np.maximum(start_offset - batches["base_offset"], 0)
-               + np.maximum(batches["last_offset"] - stop + 1, 0))
-    control = (batches["magic"] >= 2) & ((batches["attributes"] & 0x20) != 0)
-    return np.where(control, 0, np.maximum(count - outside, 0))

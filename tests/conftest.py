@@ -196,8 +196,15 @@ class FakeClock:
 
 @pytest.fixture
 def fresh_buffer_pool():
-    """segstore's buffer pool at its default limit and empty, restored and emptied after."""
+    """segstore's buffer pool at its default limit and empty, restored and emptied after.
+
+    Earlier tests' garbage is collected first: a pooled array held only by a reference cycle
+    (a stored exception's traceback, say) stays in use until the collector runs, and these
+    tests count the bytes in use."""
+    import gc
+
     from segstore import buffer_pool
+    gc.collect()
     old = buffer_pool.set_limit(buffer_pool.DEFAULT_LIMIT)
     buffer_pool.release()
     yield
