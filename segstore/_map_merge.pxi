@@ -48,11 +48,10 @@ cdef int64_t _map_merge_lookup(MapCore* m, MapCore* src, int64_t start, int64_t 
     cdef int64_t* ni = gb
     cdef int64_t* ns = sb
     cdef int64_t* t
-    cdef int64_t i = start, n, nn, k, slot, attempt, found = 0, taken = 0
-    cdef int64_t limit = m.table + DIGEST_BYTES - 4   # every slot looked at (as _map_get)
+    cdef int64_t i = start, n, nn, k, slot, found = 0, taken = 0
+    cdef int64_t probes = 0   # _map_find's count, not kept: m's counters are not written here
     cdef uint64_t h1, h2, offset
     cdef uint64_t* s
-    cdef uint64_t* e
     n = _merge_group(m, src, &i, stop, ci, cs)
     while n:
         nn = _merge_group(m, src, &i, stop, ni, ns)
@@ -66,22 +65,12 @@ cdef int64_t _map_merge_lookup(MapCore* m, MapCore* src, int64_t start, int64_t 
                 s[1] = 0
                 s[2] = 0
                 taken += 1
-            slot = cs[k]
-            attempt = 0
-            while True:
-                e = m.mem + slot * m.words
-                if e[0] == 0 and e[1] == 0 and e[2] == 0:
-                    break
-                if e[0] == h1 and e[1] == h2:
-                    e[2] = offset
-                    slot = -2
-                    break
-                attempt += 1
-                if attempt >= limit:
-                    slot = -1
-                    break
-                slot = _probe_slot(m, h1, h2, attempt)
-            if slot != -2:
+            slot = _map_find(m, h1, h2, cs[k], &probes)
+            if slot >= 0:
+                m.mem[slot * m.words + 2] = offset
+            else:
+                if slot != FIND_FULL:
+                    slot = -2 - slot   # where an insert of this entry starts
                 if found == cap:
                     drained[0] = taken
                     return -1

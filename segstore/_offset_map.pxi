@@ -194,23 +194,37 @@ cdef inline int64_t _map_get(MapCore* m, uint64_t h1, uint64_t h2) noexcept nogi
     return _map_get_from(m, h1, h2, _probe_slot(m, h1, h2, 0))
 
 
-cdef inline int64_t _map_get_from(MapCore* m, uint64_t h1, uint64_t h2,
-                                  int64_t slot0) noexcept nogil:
-    # Bounded probing: a completely full map answers -1 for an absent key (REF §7 #12).
+cdef enum:
+    FIND_FULL = -1   # _map_find: every slot looked at was taken by another key
+
+
+cdef inline int64_t _map_find(const MapCore* m, uint64_t h1, uint64_t h2, int64_t slot0,
+                              int64_t* probes) noexcept nogil:
+    """The slot holding digest (h1, h2), probing from ``slot0`` (its first slot); else
+    ``-2 - s`` where ``s`` is the first empty slot of its probe sequence, or FIND_FULL. Bounded
+    probing: a completely full map does not hold an absent key (REF §7 #12). Adds the slots
+    looked at to ``probes`` and writes nothing else, so threads may look up at once."""
     cdef int64_t attempt = 0, slot = slot0
     cdef int64_t limit = m.table + DIGEST_BYTES - 4
-    cdef uint64_t* e
-    m.lookups += 1
+    cdef const uint64_t* e
     while attempt < limit:
-        m.probes += 1
+        probes[0] += 1
         e = m.mem + slot * m.words
         if e[0] == 0 and e[1] == 0 and e[2] == 0:
-            return -1
+            return -2 - slot
         if e[0] == h1 and e[1] == h2:
-            return <int64_t>e[2]
+            return slot
         attempt += 1
         slot = _probe_slot(m, h1, h2, attempt)
-    return -1
+    return FIND_FULL
+
+
+cdef inline int64_t _map_get_from(MapCore* m, uint64_t h1, uint64_t h2,
+                                  int64_t slot0) noexcept nogil:
+    # The offset stored for the digest, or -1.
+    cdef int64_t slot = _map_find(m, h1, h2, slot0, &m.probes)
+    m.lookups += 1
+    return <int64_t>m.mem[slot * m.words + 2] if slot >= 0 else -1
 
 
 cdef struct StrategyKey:
