@@ -160,6 +160,10 @@ def encode_control_batch(
 ) -> bytes:
     """A 78-byte transaction marker batch (ControlRecordType.COMMIT or ABORT)."""
 
+def timestamp_array(timestamps_ms: Any) -> np.ndarray:
+    """Timestamps (an array or sequence of ints) as a contiguous int64 array; floats, strings,
+    bools and values beyond int64 raise InvalidRecordError."""
+
 def encode_columns(
     values: BinaryColumn,
     keys: Optional[BinaryColumn] = None,

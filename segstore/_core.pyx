@@ -15,6 +15,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_CheckExact
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.ref cimport PyObject
+from cpython.long cimport PyLong_CheckExact
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcmp, memcpy, memmove, memset
 from cpython.buffer cimport PyBUF_FORMAT

@@ -139,20 +139,46 @@ cdef object _fast_sequence(object seq, str what):
         raise InvalidRecordError(f"{what} must be a sequence, not {type(seq).__name__}") from None
 
 
+cdef inline bint _is_int_timestamp(object t):
+    # An int (a numpy one too), never a bool: a float or NaN would be truncated or refused
+    # by the conversion, a str converted.
+    return PyLong_CheckExact(t) or (isinstance(t, (int, np.integer)) and not isinstance(t, bool))
+
+
+def timestamp_array(timestamps_ms):
+    """Timestamps (an array or sequence of ints) as a contiguous int64 array, or
+    InvalidRecordError: integer dtypes only, within int64 (a float would be truncated, NaN
+    stored as -2**63, a uint64 2**63 wrapped to a negative timestamp)."""
+    if isinstance(timestamps_ms, (float, str, bytes, bool)):
+        raise InvalidRecordError(f"timestamps_ms must be integer milliseconds, not "
+                                 f"{timestamps_ms!r}")
+    arr = np.asarray(timestamps_ms)
+    if arr.dtype.kind not in "iu":
+        raise InvalidRecordError(f"timestamps_ms must be integer milliseconds, got an array of "
+                                 f"dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > INT64_MAX_C:
+        raise InvalidRecordError(f"timestamp {int(arr.max())} does not fit in 64 signed bits")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
 cdef int _read_timestamps(object timestamps_ms, _RecordIn* recs, Py_ssize_t n) except -1:
     """Timestamps: one for all (an int), one per record (a sequence of ints), or now (None)."""
     cdef Py_ssize_t i
     cdef int64_t one
     cdef const int64_t[::1] tv
-    if timestamps_ms is None or isinstance(timestamps_ms, int):
-        one = _now_ms() if timestamps_ms is None else timestamps_ms
+    if timestamps_ms is None or _is_int_timestamp(timestamps_ms):
+        try:
+            one = _now_ms() if timestamps_ms is None else timestamps_ms
+        except OverflowError:
+            raise InvalidRecordError(
+                f"timestamp {timestamps_ms} does not fit in 64 signed bits") from None
         for i in range(n):
             recs[i].ts = one
         return 0
     if isinstance(timestamps_ms, np.ndarray):
         if len(timestamps_ms) != n:
             raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {n} values")
-        arr = np.ascontiguousarray(timestamps_ms, dtype=np.int64)
+        arr = timestamp_array(timestamps_ms)
         tv = arr
         for i in range(n):
             recs[i].ts = tv[i]
@@ -163,6 +189,8 @@ cdef int _read_timestamps(object timestamps_ms, _RecordIn* recs, Py_ssize_t n) e
     for i in range(n):
         item = <object>PySequence_Fast_GET_ITEM(ts, i)
         try:
+            if not _is_int_timestamp(item):
+                raise TypeError
             recs[i].ts = item
         except (TypeError, OverflowError):
             raise InvalidRecordError(

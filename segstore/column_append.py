@@ -99,8 +99,9 @@ def append_columns(lg, values: BinaryColumn, keys: Optional[BinaryColumn], times
     max_batch = min(config.max_message_bytes, config.segment_bytes)
     n = len(values)
     per = chunk_rows(values, keys, records_per_batch, max_batch)
-    if timestamps_ms is not None and not isinstance(timestamps_ms, (int, np.integer)):
-        timestamps_ms = np.ascontiguousarray(timestamps_ms, dtype=np.int64)
+    if timestamps_ms is not None and (isinstance(timestamps_ms, bool)
+                                      or not isinstance(timestamps_ms, (int, np.integer))):
+        timestamps_ms = _core.timestamp_array(timestamps_ms)
         if len(timestamps_ms) != n:
             raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {n} values")
     with lg._lock:  # encoding at the log end offset: no copy to patch base offsets

@@ -83,3 +83,15 @@ class ReadOnlyStoreError(SegstoreError):
 
 class CleaningAbortedError(SegstoreError):
     """A cleaning round was aborted (truncation, topic deletion, shutdown); nothing was swapped."""
+
+
+def offset_argument(value, what: str = "offset") -> int:
+    """``value`` as an int offset, or InvalidOffsetError naming ``what``: a float, bool or
+    string offset would be stored as given (and a float one written to a checkpoint file that
+    a reopen then ignores)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidOffsetError(f"{what} must be an int, got {value!r} "
+                                 f"({type(value).__name__})")
+    return int(value)

@@ -17,8 +17,9 @@ from . import _core
 from .checkpoint import fsync_dir
 from .columns import BinaryColumn
 from .compression import codec_id
-from .errors import (CleaningAbortedError, InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
-                     ReadOnlyStoreError, RecordTooLargeError, StoreClosedError)
+from .errors import (CleaningAbortedError, InvalidOffsetError, InvalidRecordError,
+                     OffsetOutOfRangeError, ReadOnlyStoreError, RecordTooLargeError,
+                     StoreClosedError, offset_argument)
 from .flusher import PendingFlush
 from .loader import load_segments
 from .producer_state import ProducerStateManager, load_producer_state, stamp_log_append_time
@@ -166,7 +167,8 @@ class PartitionLog(LogReads, ReadOnlyFollower):
                                  None if timestamp_ms is None else [timestamp_ms])
         def size(b):
             return -1 if b is None else len(b.encode("utf-8") if isinstance(b, str) else b)
-        hsize = sum(len(k.encode("utf-8")) + max(size(v), 0) for k, v in headers) if headers else -1
+        # Header keys may be given as str or as UTF-8 bytes (the encoder takes both).
+        hsize = sum(size(k) + max(size(v), 0) for k, v in headers) if headers else -1
         return RecordMetadata(self.topic, self.partition, self.topic_partition, info.first_offset,
                               info.max_timestamp, None, size(key), size(value), hsize,
                               self.log_start_offset)
@@ -428,6 +430,8 @@ class PartitionLog(LogReads, ReadOnlyFollower):
     def flush(self, offset: Optional[int] = None) -> None:
         """fsync every segment holding offsets below ``offset`` (default: the log end)."""
         self._check_writable()
+        if offset is not None:
+            offset = offset_argument(offset, "flush offset")
         with self._lock:
             self._flush_locked(self._state.log_end_offset if offset is None else offset)
 
@@ -466,6 +470,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
     def truncate_to(self, offset: int) -> None:
         """Remove every record at or above ``offset`` (the whole batch holding it)."""
         self._check_writable()
+        offset = offset_argument(offset, "truncate_to offset")
         if offset < 0:
             raise InvalidOffsetError(f"cannot truncate to a negative offset {offset}")
         with self._lock:
@@ -516,6 +521,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
     def delete_records(self, before_offset: int) -> int:
         """Raise the log start offset to ``before_offset`` (Kafka's DeleteRecords)."""
         self._check_writable()
+        before_offset = offset_argument(before_offset, "delete_records offset")
         with self._lock:
             st = self._state
             if before_offset > st.log_end_offset or before_offset < 0:

@@ -142,6 +142,9 @@ class LogReads:
     def offset_for_time(self, timestamp_ms: int) -> Optional[OffsetAndTimestamp]:
         """Kafka's ListOffsets for one partition (REF §3.7), including -1, -2 and -3."""
         self._check_open()
+        if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, (int, np.integer)):
+            raise InvalidOffsetError(f"offset_for_time needs an int timestamp in milliseconds, "
+                                     f"got {timestamp_ms!r}")
         self._refresh()
         st = self._state
         if timestamp_ms == EARLIEST_TIMESTAMP:

@@ -32,36 +32,18 @@ from .errors import (InvalidTopicError, ReadOnlyStoreError, StoreClosedError, St
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .log import PartitionLog
 from .records import RecordMetadata, TopicPartition
+from .topic import (MAX_PARTITIONS, MAX_TOPIC_LENGTH, is_legal_topic_name,  # noqa: F401
+                    validate_partition_count, validate_topic_name)
 from .cleaner import CleanerStats, LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 
 log = logging.getLogger("segstore.store")
 
-_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 _PARTITION_DIR = re.compile(r"(.+)-(\d+)")
-MAX_TOPIC_LENGTH = 249
 META_DIR = ".segstore"
 # Kafka's log.initial.task.delay.ms: the first retention pass runs this long after startup (or
 # after one log.retention.check.interval.ms, when that is shorter).
 RETENTION_INITIAL_DELAY_MS = 30_000
-
-
-def validate_topic_name(name) -> str:
-    """Kafka's topic name rules, so no name can reach outside the store's root."""
-    if not isinstance(name, str):
-        raise InvalidTopicError(f"topic name must be a str, not {type(name).__name__}")
-    if not name:
-        raise InvalidTopicError("topic name is empty")
-    if name in (".", ".."):
-        raise InvalidTopicError(f"topic name cannot be {name!r}")
-    if len(name) > MAX_TOPIC_LENGTH:
-        raise InvalidTopicError(
-            f"topic name is longer than {MAX_TOPIC_LENGTH} characters ({len(name)})")
-    if not _LEGAL_TOPIC.fullmatch(name):
-        raise InvalidTopicError(
-            f"topic name {name!r} is illegal: it may contain only ASCII letters, digits, '.', "
-            "'_' and '-'")
-    return name
 
 
 def _system_clock() -> int:
@@ -161,7 +143,8 @@ class LogStore:
         found: dict[str, int] = {}
         for name in os.listdir(self.path):
             m = _PARTITION_DIR.fullmatch(name)
-            if m and os.path.isdir(os.path.join(self.path, name)) and _LEGAL_TOPIC.fullmatch(m.group(1)):
+            if (m and os.path.isdir(os.path.join(self.path, name))
+                    and is_legal_topic_name(m.group(1))):
                 found[m.group(1)] = max(found.get(m.group(1), 0), int(m.group(2)) + 1)
         for topic, n in found.items():
             if topic not in self._topics:
@@ -209,19 +192,43 @@ class LogStore:
         """Create a topic with ``num_partitions`` empty partitions and config overrides."""
         self._check_writable()
         validate_topic_name(name)
-        if not isinstance(num_partitions, int) or isinstance(num_partitions, bool) \
-                or num_partitions < 1:
-            raise InvalidTopicError(f"num_partitions must be a positive int, got {num_partitions!r}")
+        validate_partition_count(num_partitions)
         cfg = TopicConfig.from_dict(config or {}, defaults=self.config.topic_defaults())
         with self._lock:
             if name in self._topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             self._write_meta(name, num_partitions, cfg)
             self._topics[name] = {"partitions": num_partitions, "config": cfg}
-            for p in range(num_partitions):
-                tp = TopicPartition(name, p)
-                self._logs[tp] = self._open_log(tp, cfg, 0, 0, True)
-            fsync_dir(self.path)
+            created = []
+            try:
+                for p in range(num_partitions):
+                    tp = TopicPartition(name, p)
+                    self._logs[tp] = self._open_log(tp, cfg, 0, 0, True)
+                    created.append(tp)
+                fsync_dir(self.path)
+            except BaseException:
+                # All or nothing: a partition that could not be created (out of descriptors or
+                # space, say) must not leave a topic that cannot be opened again.
+                self._undo_create(name, created)
+                raise
+
+    def _undo_create(self, name: str, created: list) -> None:
+        """Remove what a failed create_topic made: its partitions, then its metadata."""
+        del self._topics[name]
+        logs = [self._logs.pop(tp) for tp in created]
+        for lg in logs:  # all closed first: removing a directory needs descriptors too
+            try:
+                lg.close()
+            except Exception:  # closing what never held data; the directory goes anyway
+                pass
+        # The partition that failed may have made its directory too.
+        for p in range(len(created) + 1):
+            shutil.rmtree(os.path.join(self.path, f"{name}-{p}"), ignore_errors=True)
+        try:
+            os.unlink(self._meta_path(name))
+        except FileNotFoundError:
+            pass
+        fsync_dir(self.path)
 
     def _write_meta(self, name: str, partitions: int, cfg: TopicConfig) -> None:
         meta = {"name": name, "partitions": partitions,
