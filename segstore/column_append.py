@@ -65,6 +65,10 @@ def chunk_rows(values: BinaryColumn, keys: Optional[BinaryColumn], records_per_b
                max_batch_bytes: int) -> int:
     """Rows per chunk (a multiple of ``records_per_batch``), or ``len(values)`` when the append
     should be one call: it is small, or some record might not fit a batch on its own."""
+    if isinstance(records_per_batch, bool) or not isinstance(records_per_batch, (int, np.integer)) \
+            or not 1 <= records_per_batch < 1 << 31:
+        raise InvalidRecordError(f"records_per_batch must be a positive int (at most 2**31 - 1), "
+                                 f"got {records_per_batch!r}")
     n = len(values)
     if n <= records_per_batch:
         return n

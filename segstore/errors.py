@@ -57,6 +57,10 @@ class InvalidOffsetError(SegstoreError, ValueError):
     """An offset that cannot be used here (negative, not increasing, overflowing a segment)."""
 
 
+class OffsetTypeError(InvalidOffsetError, TypeError):
+    """An offset (or offset-like argument) that is not an int: a TypeError too."""
+
+
 class InvalidTopicError(SegstoreError, ValueError):
     """A topic name Kafka would reject."""
 
@@ -92,6 +96,5 @@ def offset_argument(value, what: str = "offset") -> int:
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidOffsetError(f"{what} must be an int, got {value!r} "
-                                 f"({type(value).__name__})")
+        raise OffsetTypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
     return int(value)

@@ -13,16 +13,17 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from . import _core
+from . import _core, log_swap
 from .checkpoint import fsync_dir
 from .columns import BinaryColumn
 from .compression import codec_id
-from .errors import (CleaningAbortedError, InvalidOffsetError, InvalidRecordError,
-                     OffsetOutOfRangeError, ReadOnlyStoreError, RecordTooLargeError,
-                     StoreClosedError, offset_argument)
+from .errors import (InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
+                     ReadOnlyStoreError, RecordTooLargeError, StoreClosedError,
+                     offset_argument)
 from .flusher import PendingFlush
 from .loader import load_segments
-from .producer_state import ProducerStateManager, load_producer_state, stamp_log_append_time
+from .producer_state import (ProducerStateManager, check_producer_fields, load_producer_state,
+                             stamp_log_append_time)
 from .records import RecordMetadata, TopicPartition
 from .log_follower import ReadOnlyFollower
 from .log_reads import LogReads
@@ -178,6 +179,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
                      base_sequence: int = -1, is_transactional: bool = False) -> AppendInfo:
         """Append records from Python lists as one batch (offsets assigned by the log)."""
         self._check_writable()
+        check_producer_fields(producer_id, producer_epoch, base_sequence)
         codec = self._codec(compression)
         with self._lock:  # encoding at the log end offset: nothing to patch afterwards
             now = self.clock()
@@ -550,54 +552,12 @@ class PartitionLog(LogReads, ReadOnlyFollower):
     def replace_segments(self, new_segments, old_segments, *,
                          expected_truncations: Optional[int] = None,
                          sync_directory: bool = True) -> Optional[PendingFlush]:
-        """Swap cleaned segments in for old ones with Kafka's crash-safe protocol (REF §2.2).
-
-        ``new_segments`` are LogSegments written with the ``.cleaned`` suffix. In descending
-        base-offset order each is renamed ``.swap`` (from then on it is committed); the old
-        segments are renamed ``.deleted`` and queued for deletion; finally the ``.swap`` suffixes
-        are dropped. A crash at any point leaves files the loader completes or rolls back.
-        With ``expected_truncations`` (the cleaner's view of :attr:`truncations` when it started)
-        a truncation since then raises ``CleaningAbortedError`` and nothing is swapped.
-        With ``sync_directory=False`` the directory's fsync is started on the flusher's threads
-        (segstore/flusher.py) and returned: the swap is durable once it has been waited for.
-        """
+        """Swap cleaned segments in for old ones with Kafka's crash-safe protocol (REF §2.2;
+        :func:`segstore.log_swap.replace_segments`)."""
         self._check_writable()
-        from .segment import CLEANED_SUFFIX, SWAP_SUFFIX
-        new = sorted(new_segments, key=lambda sg: sg.base_offset)
-        with self._lock:
-            if expected_truncations is not None and expected_truncations != self.truncations:
-                raise CleaningAbortedError(
-                    f"{self.topic}-{self.partition} was truncated while it was being cleaned")
-            # Opened before the first rename: once a segment is renamed .swap it is the
-            # log's, and nothing after that may fail for want of a descriptor.
-            dir_fd = None if sync_directory else os.open(self.directory,
-                                                         os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                st = self._state
-                live = {id(sg) for sg in st.segments}
-                old = sorted((sg for sg in old_segments if id(sg) in live), key=lambda sg: sg.base_offset)
-                for sg in reversed(new):
-                    sg.change_file_suffixes(CLEANED_SUFFIX, SWAP_SUFFIX)
-                    _swap_step("swap", sg.base_offset)
-                new_bases = {sg.base_offset for sg in new}
-                gone = {id(sg) for sg in old}
-                kept = [sg for sg in st.segments if id(sg) not in gone and sg.base_offset not in new_bases]
-                segs = tuple(sorted(kept + new, key=lambda sg: sg.base_offset))
-                self._state = _State(segs, st.log_start_offset, st.log_end_offset)
-                for sg in old:
-                    self._retire(sg)
-                    _swap_step("deleted", sg.base_offset)
-                for sg in new:
-                    sg.change_file_suffixes(SWAP_SUFFIX, "")
-                    _swap_step("renamed", sg.base_offset)
-            except BaseException:
-                if dir_fd is not None:
-                    os.close(dir_fd)
-                raise
-            if dir_fd is not None:
-                return PendingFlush([dir_fd])
-            fsync_dir(self.directory)
-            return None
+        return log_swap.replace_segments(self, new_segments, old_segments,
+                                         expected_truncations=expected_truncations,
+                                         sync_directory=sync_directory)
 
     def _retire(self, seg: LogSegment) -> None:
         # Rename to .deleted now, delete after file.delete.delay.ms (readers may still hold it).
@@ -631,12 +591,3 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             for s in self._state.segments:
                 s.close()
             self._closed = True
-
-# Tests set this to a callable(step, base_offset) to crash a swap at each step.
-swap_hook = None
-
-
-def _swap_step(step: str, base_offset: int) -> None:
-    if swap_hook is not None:
-        swap_hook(step, base_offset)
-

@@ -14,7 +14,8 @@ import numpy as np
 
 from . import _core, segment_reads
 from .columns import RecordColumns
-from .errors import CorruptRecordError, InvalidOffsetError, OffsetOutOfRangeError
+from .errors import (CorruptRecordError, InvalidOffsetError, OffsetOutOfRangeError,
+                     OffsetTypeError)
 from .log_state import LogState as _State
 from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
                       OffsetAndTimestamp)
@@ -25,7 +26,7 @@ class LogReads:
 
     def _check_read_offset(self, offset: int, st: _State) -> None:
         if not isinstance(offset, (int, np.integer)) or isinstance(offset, bool):
-            raise TypeError(f"offset must be an int, not {type(offset).__name__}")
+            raise OffsetTypeError(f"offset must be an int, not {type(offset).__name__}")
         if offset < st.log_start_offset or offset > st.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {self.topic}-{self.partition}: log start "

@@ -452,3 +452,14 @@ def has_producer_batches(batches: np.ndarray) -> bool:
     """Whether any of ``batches`` (v2 headers) carries a producer id, i.e. changes the state."""
     rows = _producer_rows(batches)
     return rows is not None and len(rows) > 0
+
+
+def check_producer_fields(producer_id, producer_epoch, base_sequence) -> None:
+    """A batch's producer fields as Kafka's header holds them (int64, int16, int32), or
+    InvalidRecordError naming the field."""
+    for name, value, bits in (("producer_id", producer_id, 64),
+                              ("producer_epoch", producer_epoch, 16),
+                              ("base_sequence", base_sequence, 32)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                or not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            raise InvalidRecordError(f"{name} must be an int of {bits} signed bits, got {value!r}")

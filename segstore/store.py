@@ -9,11 +9,9 @@ each ``<topic>-<n>`` directory becomes a partition with the store's default topi
 
 from __future__ import annotations
 
-import builtins
 import errno
 import fcntl
 import itertools
-import json
 import logging
 import os
 import re
@@ -21,26 +19,29 @@ import shutil
 import threading
 import time
 import uuid
+from collections import abc
 from typing import Callable, Iterable, Mapping, Optional
+
+import numpy as np
 
 from . import _core
 from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                          RECOVERY_POINT_CHECKPOINT, CheckpointError, OffsetCheckpointFile,
-                         create_marker, fsync_dir, write_atomic, write_atomic_many)
+                         create_marker, fsync_dir, write_atomic_many)
 from .config import StoreConfig, TopicConfig
-from .errors import (InvalidTopicError, ReadOnlyStoreError, StoreClosedError, StoreLockedError,
+from .errors import (InvalidConfigError, InvalidRecordError, InvalidTopicError, OffsetTypeError,
+                     ReadOnlyStoreError, StoreClosedError, StoreLockedError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .log import PartitionLog
 from .records import RecordMetadata, TopicPartition
-from .topic import (MAX_PARTITIONS, MAX_TOPIC_LENGTH, is_legal_topic_name,  # noqa: F401
-                    validate_partition_count, validate_topic_name)
+from .topic import (is_legal_topic_name, read_topic_metas, remove_topic_meta, topic_meta_dir,
+                    validate_partition_count, validate_topic_name, write_topic_meta)
 from .cleaner import CleanerStats, LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 
 log = logging.getLogger("segstore.store")
 
 _PARTITION_DIR = re.compile(r"(.+)-(\d+)")
-META_DIR = ".segstore"
 # Kafka's log.initial.task.delay.ms: the first retention pass runs this long after startup (or
 # after one log.retention.check.interval.ms, when that is shorter).
 RETENTION_INITIAL_DELAY_MS = 30_000
@@ -79,7 +80,7 @@ class LogStore:
                 raise FileNotFoundError(errno.ENOENT, "no segstore directory", self.path)
             self._load(clean_shutdown=True)
             return
-        os.makedirs(os.path.join(self.path, META_DIR, "topics"), exist_ok=True)
+        os.makedirs(topic_meta_dir(self.path), exist_ok=True)
         self._acquire_lock()
         try:
             marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
@@ -122,23 +123,14 @@ class LogStore:
             log.warning("ignoring %s (recovering from the start instead)", e)
             return {}
 
-    def _meta_path(self, topic: str) -> str:
-        return os.path.join(self.path, META_DIR, "topics", topic + ".json")
-
     def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None) -> None:
         recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT)
         starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT)
         defaults = self.config.topic_defaults()
-        meta_dir = os.path.join(self.path, META_DIR, "topics")
-        if os.path.isdir(meta_dir):
-            for name in sorted(os.listdir(meta_dir)):
-                if not name.endswith(".json"):
-                    continue
-                with builtins.open(os.path.join(meta_dir, name), encoding="utf-8") as f:
-                    meta = json.load(f)
-                self._topics[meta["name"]] = {
-                    "partitions": int(meta["partitions"]),
-                    "config": TopicConfig.from_dict(meta.get("config", {}), defaults=defaults)}
+        for meta in read_topic_metas(self.path):
+            self._topics[meta["name"]] = {
+                "partitions": int(meta["partitions"]),
+                "config": TopicConfig.from_dict(meta.get("config", {}), defaults=defaults)}
         # Partition directories without metadata: a Kafka broker's log dir.
         found: dict[str, int] = {}
         for name in os.listdir(self.path):
@@ -197,7 +189,7 @@ class LogStore:
         with self._lock:
             if name in self._topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
-            self._write_meta(name, num_partitions, cfg)
+            write_topic_meta(self.path, name, num_partitions, cfg)
             self._topics[name] = {"partitions": num_partitions, "config": cfg}
             created = []
             try:
@@ -224,17 +216,8 @@ class LogStore:
         # The partition that failed may have made its directory too.
         for p in range(len(created) + 1):
             shutil.rmtree(os.path.join(self.path, f"{name}-{p}"), ignore_errors=True)
-        try:
-            os.unlink(self._meta_path(name))
-        except FileNotFoundError:
-            pass
+        remove_topic_meta(self.path, name)
         fsync_dir(self.path)
-
-    def _write_meta(self, name: str, partitions: int, cfg: TopicConfig) -> None:
-        meta = {"name": name, "partitions": partitions,
-                "config": {k: v if not isinstance(v, (list, tuple)) else ",".join(v)
-                           for k, v in cfg.overrides.items()}}
-        write_atomic(self._meta_path(name), json.dumps(meta, indent=1, sort_keys=True))
 
     def delete_topic(self, name: str) -> None:
         """Close and remove every partition of a topic (renamed ``*-delete`` first, like Kafka)."""
@@ -256,10 +239,7 @@ class LogStore:
                 os.replace(lg.directory, gone)
                 shutil.rmtree(gone, ignore_errors=True)
                 self.cleaner.manager.remove_partition(tp)
-            try:
-                os.unlink(self._meta_path(name))
-            except FileNotFoundError:  # a topic found in a Kafka log dir has no metadata file
-                pass
+            remove_topic_meta(self.path, name)  # none for a topic found in a Kafka log dir
             del self._topics[name]
             fsync_dir(self.path)
 
@@ -311,8 +291,14 @@ class LogStore:
         self._check_writable()
         with self._lock:
             meta = self._topic(name)
+            if set is not None and not isinstance(set, abc.Mapping):
+                raise InvalidConfigError(f"set must be a mapping of config keys to values, not "
+                                         f"{type(set).__name__}")
+            if isinstance(delete, str):
+                raise InvalidConfigError(f"delete must be a list of config keys, not the string "
+                                         f"{delete!r}")
             cfg = meta["config"].with_updates(set or {}, tuple(delete))
-            self._write_meta(name, meta["partitions"], cfg)
+            write_topic_meta(self.path, name, meta["partitions"], cfg)
             meta["config"] = cfg
             for p in range(meta["partitions"]):
                 self._logs[TopicPartition(name, p)].config = cfg
@@ -321,8 +307,10 @@ class LogStore:
     def partition(self, topic: str, partition: int) -> PartitionLog:
         """The log of one partition."""
         meta = self._topic(topic)
+        if isinstance(partition, np.integer):
+            partition = int(partition)
         if not isinstance(partition, int) or isinstance(partition, bool):
-            raise TypeError(f"partition must be an int, not {type(partition).__name__}")
+            raise OffsetTypeError(f"partition must be an int, not {type(partition).__name__}")
         if not 0 <= partition < meta["partitions"]:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition} (it has {meta['partitions']})")
@@ -340,7 +328,11 @@ class LogStore:
             return next(self._round_robin) % n
         if isinstance(key, str):
             key = key.encode("utf-8")
-        return _core.murmur2_partition(key, n)
+        try:
+            return _core.murmur2_partition(key, n)
+        except TypeError:
+            raise InvalidRecordError(f"a key must be bytes, str or None, not "
+                                     f"{type(key).__name__}") from None
 
     def append(self, topic: str, value, key=None, headers=None, partition: Optional[int] = None,
                timestamp_ms: Optional[int] = None) -> RecordMetadata:

@@ -1,4 +1,5 @@
-"""Kafka's ``Topic``: what a topic name and a partition count may be.
+"""Kafka's ``Topic``: what a topic name and a partition count may be, and each topic's
+metadata file (``.segstore/topics/<name>.json``: partition count and config overrides).
 
 Names follow Kafka's rules exactly, which also keeps every partition directory inside the
 store's root.
@@ -6,13 +7,18 @@ store's root.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from typing import Iterator
 
+from .checkpoint import write_atomic
 from .errors import InvalidTopicError
 
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_TOPIC_LENGTH = 249
 MAX_PARTITIONS = 2 ** 31 - 1  # partition ids are Java ints
+META_DIR = ".segstore"
 
 
 def validate_topic_name(name) -> str:
@@ -46,3 +52,39 @@ def validate_partition_count(num_partitions) -> int:
         raise InvalidTopicError(f"num_partitions must be an int from 1 to {MAX_PARTITIONS} "
                                 f"(Kafka's int32 partition ids), got {num_partitions!r}")
     return num_partitions
+
+
+def topic_meta_dir(root: str) -> str:
+    """Where a store keeps its topics' metadata files."""
+    return os.path.join(root, META_DIR, "topics")
+
+
+def _meta_path(root: str, topic: str) -> str:
+    return os.path.join(topic_meta_dir(root), topic + ".json")
+
+
+def write_topic_meta(root: str, name: str, partitions: int, cfg) -> None:
+    """Write a topic's metadata atomically (``cfg`` is its TopicConfig: only the overrides)."""
+    meta = {"name": name, "partitions": partitions,
+            "config": {k: v if not isinstance(v, (list, tuple)) else ",".join(v)
+                       for k, v in cfg.overrides.items()}}
+    write_atomic(_meta_path(root, name), json.dumps(meta, indent=1, sort_keys=True))
+
+
+def read_topic_metas(root: str) -> Iterator[dict]:
+    """Every topic's metadata, by file name order."""
+    meta_dir = topic_meta_dir(root)
+    if not os.path.isdir(meta_dir):
+        return
+    for name in sorted(os.listdir(meta_dir)):
+        if name.endswith(".json"):
+            with open(os.path.join(meta_dir, name), encoding="utf-8") as f:
+                yield json.load(f)
+
+
+def remove_topic_meta(root: str, name: str) -> None:
+    """Delete a topic's metadata file, if it has one."""
+    try:
+        os.unlink(_meta_path(root, name))
+    except FileNotFoundError:
+        pass

@@ -233,3 +233,55 @@ def test_create_topic_that_runs_out_of_descriptors_leaves_nothing(tmp_path):
         assert [r.value for r in s.partition("t", 0).read(0)] == [b"keep"]
     finally:
         s.close()
+
+
+def test_wrong_type_offsets_are_typed_and_still_type_errors(store):
+    """A non-int read offset raises OffsetTypeError: a segstore error and a TypeError."""
+    from segstore.errors import OffsetTypeError
+
+    log = three_batches(store.partition("t", 0))
+    for bad in ("0", 1.0, None, True):
+        with pytest.raises(OffsetTypeError) as info:
+            log.read(bad)
+        assert isinstance(info.value, TypeError) and isinstance(info.value, InvalidOffsetError)
+    with pytest.raises(OffsetTypeError):
+        log.truncate_to("1")
+    assert log.log_end_offset == 3
+
+
+def test_partition_numbers_may_be_numpy_ints(store):
+    assert store.partition("t", np.int64(1)) is store.partition("t", 1)
+    with pytest.raises(TypeError):
+        store.partition("t", "0")
+
+
+def test_store_append_rejects_a_key_of_the_wrong_type(store):
+    with pytest.raises(InvalidRecordError, match="key"):
+        store.append("t", b"v", key=5)
+    assert store.end_offsets([TopicPartition("t", p) for p in (0, 1)]) == {
+        TopicPartition("t", 0): 0, TopicPartition("t", 1): 0}
+
+
+@pytest.mark.parametrize("kw", [{"producer_id": 2**64}, {"producer_id": "x"},
+                                {"producer_epoch": 1 << 15}, {"base_sequence": 2**40}])
+def test_producer_fields_out_of_range_name_the_field(store, kw):
+    log = store.partition("t", 0)
+    with pytest.raises(InvalidRecordError, match=next(iter(kw))):
+        log.append_batch([b"v"], **kw)
+    assert log.log_end_offset == 0
+
+
+@pytest.mark.parametrize("rpb", [0, -1, 1.5, 2**64, "1", True])
+def test_append_columns_records_per_batch_must_be_a_positive_int(store, rpb):
+    log = store.partition("t", 0)
+    with pytest.raises(InvalidRecordError, match="records_per_batch"):
+        log.append_columns(BinaryColumn.from_pylist([b"a", b"b"]), records_per_batch=rpb)
+    assert log.log_end_offset == 0
+
+
+def test_alter_topic_config_arguments_must_be_a_mapping_and_a_list(store):
+    with pytest.raises(InvalidConfigError, match="mapping"):
+        store.alter_topic_config("t", "x")
+    with pytest.raises(InvalidConfigError, match="list"):
+        store.alter_topic_config("t", delete="segment.bytes")
+    assert store.topic_config("t").overrides == {}

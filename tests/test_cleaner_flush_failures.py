@@ -145,7 +145,7 @@ def test_close_during_compact_does_not_share_memory_with_the_next_store(tmp_path
 # it: it is the log's.
 def test_error_after_the_swap_does_not_delete_the_live_segment(stores, monkeypatch):
     s, lg = _grouped_store(stores)
-    import segstore.log as log_mod
+    import segstore.log_swap as log_mod  # where the swap makes its PendingFlush
     real_pf = log_mod.PendingFlush
 
     def failing(fds):

@@ -40,7 +40,7 @@ import time
 import pytest
 
 import segstore
-from segstore import log as log_module
+from segstore import log_swap as swap_module
 from segstore.cleaner.cleaner import Cleaner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -151,7 +151,7 @@ class Scenario:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(Cleaner, "_append", append)
             mp.setattr(Cleaner, "_clean_into", into)
-            mp.setattr(log_module, "swap_hook", hook)
+            mp.setattr(swap_module, "swap_hook", hook)
             self.stats = s.compact("t")
         self.post = [(r.offset, r.key, r.value, r.timestamp) for r in lg.iter_records()]
         s.close()
@@ -292,7 +292,7 @@ def test_crash_after_every_swap_step_in_a_child(scenario):
                     real(self_, dest, out, n)
                     os._exit(0)
                 Cleaner._append = append
-            log_module.swap_hook = hook
+            swap_module.swap_hook = hook
             s.compact("t")
             os._exit(7)   # not reached for k <= len(calls)
         status = _fork_and_wait(child)

@@ -4,7 +4,7 @@ A log of several segments gets "cleaned" segments, written as ``.cleaned`` the w
 writes them (a subset of the old segments' batches, copied verbatim, always keeping each group's
 last batch so the new segments span the old offsets), or the way a split writes them (every batch,
 cut into several segments). ``PartitionLog.replace_segments(new, old)`` then swaps them in with
-``segstore.log.swap_hook`` calling ``os._exit`` right after step k -- "swap" (a new segment
+``segstore.log_swap.swap_hook`` calling ``os._exit`` right after step k -- "swap" (a new segment
 renamed ``.cleaned`` -> ``.swap``, highest first), "deleted" (an old segment renamed
 ``.deleted``), "renamed" (a new segment's ``.swap`` dropped) -- in a forked child, so no cleanup
 runs. The parent reopens the directory (as after a clean and after an unclean shutdown) and checks
@@ -24,7 +24,7 @@ import shutil
 
 import pytest
 
-from segstore import _core, log as log_module
+from segstore import _core, log_swap as swap_module
 from segstore.config import TopicConfig
 from segstore.log import PartitionLog
 from segstore.segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment
@@ -137,11 +137,11 @@ def run_swap(directory: str, scenario: str, crash_after, snapshot_dir=None):
             shutil.copytree(directory, os.path.join(snapshot_dir, "%02d" % len(calls)))
         elif crash_after is not None and len(calls) == crash_after:
             os._exit(0)
-    log_module.swap_hook = hook
+    swap_module.swap_hook = hook
     try:
         lg.replace_segments(new, old)
     finally:
-        log_module.swap_hook = None
+        swap_module.swap_hook = None
     return lg, calls
 
 
