@@ -66,6 +66,10 @@ class BinaryColumn:
     @classmethod
     def from_pylist(cls, values: Sequence[Optional[bytes]]) -> "BinaryColumn":
         """Build a column from bytes-like values (str is encoded as UTF-8) and Nones."""
+        if isinstance(values, (str, bytes, bytearray, memoryview)):
+            # Not a list: its characters or bytes would silently become one value each.
+            raise InvalidRecordError(f"from_pylist takes a list of values, not one "
+                                     f"{type(values).__name__}")
         n = len(values)
         valid = np.ones(n, dtype=np.bool_)
         parts = []

@@ -54,6 +54,8 @@ class LogReads:
         st = self._state
         self._take_fresh_crc()  # decode_records checks every CRC: later reads must too
         self._check_read_offset(offset, st)
+        _check_limit("max_records", max_records, allow_none=True)
+        _check_limit("max_bytes", max_bytes, allow_none=False)
         if offset == st.log_end_offset or max_records == 0:
             return []
         out: list = []
@@ -218,3 +220,13 @@ def _may_hold_timestamp(seg, timestamp_ms: int) -> bool:
         return seg.largest_timestamp >= timestamp_ms
     except CorruptRecordError:
         return True
+
+
+def _check_limit(name: str, value, allow_none: bool) -> None:
+    """A read's count or size limit: a non-negative int (None: no limit, where allowed)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise OffsetTypeError(f"{name} must be an int, not {value!r}")
+    if not 0 <= value < 1 << 63:
+        raise InvalidOffsetError(f"{name} must be from 0 to 2**63 - 1, got {value}")

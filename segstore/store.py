@@ -353,6 +353,9 @@ class LogStore:
 
     def offsets_for_times(self, timestamps: Mapping) -> dict:
         """{TopicPartition: OffsetAndTimestamp or None}: first offset with timestamp >= ts."""
+        if not isinstance(timestamps, abc.Mapping):
+            raise OffsetTypeError(f"timestamps must be a mapping of TopicPartition to timestamp, "
+                                  f"not {type(timestamps).__name__}")
         return {TopicPartition(*tp): self.partition(*tp).offset_for_time(ts)
                 for tp, ts in timestamps.items()}
 

@@ -285,3 +285,24 @@ def test_alter_topic_config_arguments_must_be_a_mapping_and_a_list(store):
     with pytest.raises(InvalidConfigError, match="list"):
         store.alter_topic_config("t", delete="segment.bytes")
     assert store.topic_config("t").overrides == {}
+
+
+@pytest.mark.parametrize("kw", [{"max_records": -1}, {"max_records": "2"}, {"max_records": 2**64},
+                                {"max_bytes": None}, {"max_bytes": "x"}, {"max_bytes": -5}])
+def test_read_limits_are_checked(store, kw):
+    log = three_batches(store.partition("t", 0))
+    with pytest.raises(InvalidOffsetError, match=next(iter(kw))):
+        log.read(0, **kw)
+    assert [r.value for r in log.read(0, max_records=2)] == [b"a", b"b"]
+
+
+def test_offsets_for_times_needs_a_mapping(store):
+    with pytest.raises(TypeError, match="mapping"):
+        store.offsets_for_times([TopicPartition("t", 0)])
+
+
+def test_from_pylist_refuses_a_lone_string():
+    for one in ("ab", b"ab"):
+        with pytest.raises(InvalidRecordError, match="list"):
+            BinaryColumn.from_pylist(one)
+    assert BinaryColumn.from_pylist(["ab"]).to_pylist() == [b"ab"]
