@@ -15,7 +15,7 @@ import numpy as np
 from . import _core, segment_reads
 from .columns import RecordColumns
 from .errors import (CorruptRecordError, InvalidOffsetError, OffsetOutOfRangeError,
-                     OffsetTypeError)
+                     OffsetTypeError, offset_argument)
 from .log_state import LogState as _State
 from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
                       OffsetAndTimestamp)
@@ -93,7 +93,8 @@ class LogReads:
         fresh = self._take_fresh_crc()
         offset = st.log_start_offset if offset is None else offset
         self._check_read_offset(offset, st)
-        end = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
+        end = (st.log_end_offset if end_offset is None
+               else min(offset_argument(end_offset, "end_offset"), st.log_end_offset))
         sources = []
         segs = self._segments_from(st, offset)
         for i, seg in enumerate(segs):
@@ -131,7 +132,8 @@ class LogReads:
                      end_offset: Optional[int] = None) -> Iterator[ConsumerRecord]:
         """Every record in [start_offset, end_offset), batch by batch."""
         offset = self.log_start_offset if start_offset is None else start_offset
-        end = self.log_end_offset if end_offset is None else end_offset
+        end = (self.log_end_offset if end_offset is None
+               else offset_argument(end_offset, "end_offset"))
         while offset < end:
             recs = self._read(offset, None, 1 << 20, end)
             if not recs:

@@ -306,3 +306,12 @@ def test_from_pylist_refuses_a_lone_string():
         with pytest.raises(InvalidRecordError, match="list"):
             BinaryColumn.from_pylist(one)
     assert BinaryColumn.from_pylist(["ab"]).to_pylist() == [b"ab"]
+
+
+def test_end_offsets_must_be_ints(store):
+    log = three_batches(store.partition("t", 0))
+    with pytest.raises(TypeError, match="end_offset"):
+        log.read_columns(0, 2.5)
+    with pytest.raises(TypeError, match="end_offset"):
+        list(log.iter_records(0, 1.5))
+    assert [r.offset for r in log.iter_records(0, np.int64(2))] == [0, 1]
