@@ -457,6 +457,9 @@ def has_producer_batches(batches: np.ndarray) -> bool:
 def check_producer_fields(producer_id, producer_epoch, base_sequence) -> None:
     """A batch's producer fields as Kafka's header holds them (int64, int16, int32), or
     InvalidRecordError naming the field."""
+    if type(producer_id) is type(producer_epoch) is type(base_sequence) is int \
+            and producer_id == producer_epoch == base_sequence == -1:
+        return  # the defaults: no producer (every plain append)
     for name, value, bits in (("producer_id", producer_id, 64),
                               ("producer_epoch", producer_epoch, 16),
                               ("base_sequence", base_sequence, 32)):
