@@ -35,7 +35,8 @@ from .errors import (InvalidConfigError, InvalidRecordError, InvalidTopicError, 
 from .log import PartitionLog
 from .records import RecordMetadata, TopicPartition
 from .topic import (is_legal_topic_name, read_topic_metas, remove_topic_meta, topic_meta_dir,
-                    validate_partition_count, validate_topic_name, write_topic_meta)
+                    topic_partitions, validate_partition_count, validate_topic_name,
+                    write_topic_meta)
 from .cleaner import CleanerStats, LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 
@@ -56,7 +57,12 @@ class LogStore:
 
     def __init__(self, path: str, config: Optional[Mapping] = None,
                  clock: Optional[Callable[[], int]] = None, readonly: bool = False):
+        if not isinstance(path, (str, os.PathLike)) or (clock is not None and not callable(clock)):
+            raise InvalidConfigError(f"a store needs a str or os.PathLike path and a callable "
+                                     f"clock (milliseconds), not {path!r} and {clock!r}")
         self.path = os.path.abspath(path)
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise InvalidConfigError(f"{self.path} is not a directory: a store is one")
         self.config = StoreConfig.from_dict(config or {})
         self.clock = clock or _system_clock
         self.readonly = readonly
@@ -245,6 +251,8 @@ class LogStore:
 
     def _topic(self, name: str) -> dict:
         self._check_open()
+        if not isinstance(name, str):
+            raise InvalidTopicError(f"a topic name is a str, not {type(name).__name__}")
         if self.readonly and name not in self._topics:
             self._reload_readonly()
         try:
@@ -345,11 +353,11 @@ class LogStore:
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict:
         """{TopicPartition: log start offset} (kafka-python's KafkaConsumer shape)."""
-        return {TopicPartition(*tp): self.partition(*tp).log_start_offset for tp in partitions}
+        return {tp: self.partition(*tp).log_start_offset for tp in topic_partitions(partitions)}
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict:
         """{TopicPartition: log end offset}."""
-        return {TopicPartition(*tp): self.partition(*tp).log_end_offset for tp in partitions}
+        return {tp: self.partition(*tp).log_end_offset for tp in topic_partitions(partitions)}
 
     def offsets_for_times(self, timestamps: Mapping) -> dict:
         """{TopicPartition: OffsetAndTimestamp or None}: first offset with timestamp >= ts."""

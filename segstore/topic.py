@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import abc
 from typing import Iterator
 
 from .checkpoint import write_atomic
 from .errors import InvalidTopicError
+from .records import TopicPartition
 
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_TOPIC_LENGTH = 249
@@ -88,3 +90,18 @@ def remove_topic_meta(root: str, name: str) -> None:
         os.unlink(_meta_path(root, name))
     except FileNotFoundError:
         pass
+
+
+def topic_partitions(partitions) -> list:
+    """``partitions`` as TopicPartitions; InvalidTopicError for anything else (a lone topic
+    name, a non-iterable)."""
+    if isinstance(partitions, (str, bytes)) or not isinstance(partitions, abc.Iterable):
+        raise InvalidTopicError(f"partitions must be TopicPartition(topic, partition) pairs, "
+                                f"not {partitions!r}")
+    out = []
+    for tp in partitions:
+        if not isinstance(tp, tuple) or len(tp) != 2:
+            raise InvalidTopicError(f"partitions must be TopicPartition(topic, partition) "
+                                    f"pairs, not {tp!r}")
+        out.append(TopicPartition(*tp))
+    return out

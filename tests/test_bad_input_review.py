@@ -315,3 +315,22 @@ def test_end_offsets_must_be_ints(store):
     with pytest.raises(TypeError, match="end_offset"):
         list(log.iter_records(0, 1.5))
     assert [r.offset for r in log.iter_records(0, np.int64(2))] == [0, 1]
+
+
+def test_open_checks_its_arguments(tmp_path):
+    a_file = tmp_path / "plain-file"
+    a_file.write_bytes(b"x")
+    for kw in ({"path": 5}, {"path": str(tmp_path / "d"), "clock": 5}, {"path": str(a_file)}):
+        with pytest.raises(InvalidConfigError):
+            segstore.open(**kw)
+    assert not (tmp_path / "d").exists()
+
+
+def test_topic_and_partition_arguments_are_checked(store):
+    for call in (lambda: store.delete_topic(5), lambda: store.topic_config(None),
+                 lambda: store.beginning_offsets("t"), lambda: store.end_offsets(None),
+                 lambda: store.end_offsets([("t", 0, 1)])):
+        with pytest.raises(InvalidTopicError):
+            call()
+    assert store.beginning_offsets([("t", 1)]) == {TopicPartition("t", 1): 0}
+    assert store.list_topics() == ["t"]
