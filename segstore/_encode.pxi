@@ -145,6 +145,14 @@ cdef inline bint _is_int_timestamp(object t):
     return PyLong_CheckExact(t) or (isinstance(t, (int, np.integer)) and not isinstance(t, bool))
 
 
+cdef int64_t _one_timestamp(object t) except? -1:
+    """A single int timestamp as int64, or InvalidRecordError when it does not fit."""
+    try:
+        return t
+    except OverflowError:
+        raise InvalidRecordError(f"timestamp {t} does not fit in 64 signed bits") from None
+
+
 def timestamp_array(timestamps_ms):
     """Timestamps (an array or sequence of ints) as a contiguous int64 array, or
     InvalidRecordError: integer dtypes only, within int64 (a float would be truncated, NaN
@@ -167,11 +175,7 @@ cdef int _read_timestamps(object timestamps_ms, _RecordIn* recs, Py_ssize_t n) e
     cdef int64_t one
     cdef const int64_t[::1] tv
     if timestamps_ms is None or _is_int_timestamp(timestamps_ms):
-        try:
-            one = _now_ms() if timestamps_ms is None else timestamps_ms
-        except OverflowError:
-            raise InvalidRecordError(
-                f"timestamp {timestamps_ms} does not fit in 64 signed bits") from None
+        one = _now_ms() if timestamps_ms is None else _one_timestamp(timestamps_ms)
         for i in range(n):
             recs[i].ts = one
         return 0

@@ -266,9 +266,8 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
         kd_len = kd.shape[0]
     cdef bint ts_scalar
     if timestamps_ms is None or _is_int_timestamp(timestamps_ms):
-        if timestamps_ms is not None and not -2 ** 63 <= timestamps_ms < 2 ** 63:
-            raise InvalidRecordError(f"timestamp {timestamps_ms} does not fit in 64 signed bits")
-        ts_arr = np.array([_now_ms() if timestamps_ms is None else timestamps_ms], dtype=np.int64)
+        ts_arr = np.array([_now_ms() if timestamps_ms is None else _one_timestamp(timestamps_ms)],
+                          dtype=np.int64)
         ts_scalar = True
     else:
         ts_arr = timestamp_array(timestamps_ms)

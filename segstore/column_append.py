@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _core
 from .columns import BinaryColumn
-from .errors import InvalidRecordError
+from .errors import InvalidRecordError, is_int
 
 # Big enough that most of a chunk's write covers whole 2 MiB-aligned ranges of the file, which
 # the page cache then holds as huge folios (later maps of the segment fault far less; 4 MiB
@@ -65,8 +65,7 @@ def chunk_rows(values: BinaryColumn, keys: Optional[BinaryColumn], records_per_b
                max_batch_bytes: int) -> int:
     """Rows per chunk (a multiple of ``records_per_batch``), or ``len(values)`` when the append
     should be one call: it is small, or some record might not fit a batch on its own."""
-    if isinstance(records_per_batch, bool) or not isinstance(records_per_batch, (int, np.integer)) \
-            or not 1 <= records_per_batch < 1 << 31:
+    if not is_int(records_per_batch) or not 1 <= records_per_batch < 1 << 31:
         raise InvalidRecordError(f"records_per_batch must be a positive int (at most 2**31 - 1), "
                                  f"got {records_per_batch!r}")
     n = len(values)
@@ -103,8 +102,7 @@ def append_columns(lg, values: BinaryColumn, keys: Optional[BinaryColumn], times
     max_batch = min(config.max_message_bytes, config.segment_bytes)
     n = len(values)
     per = chunk_rows(values, keys, records_per_batch, max_batch)
-    if timestamps_ms is not None and (isinstance(timestamps_ms, bool)
-                                      or not isinstance(timestamps_ms, (int, np.integer))):
+    if timestamps_ms is not None and not is_int(timestamps_ms):
         timestamps_ms = _core.timestamp_array(timestamps_ms)
         if len(timestamps_ms) != n:
             raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {n} values")

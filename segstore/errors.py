@@ -6,6 +6,8 @@ derive from :class:`ValueError` (or :class:`TypeError`), so generic handlers kee
 
 from __future__ import annotations
 
+import numbers
+
 
 class SegstoreError(Exception):
     """Base class of every segstore error."""
@@ -89,12 +91,15 @@ class CleaningAbortedError(SegstoreError):
     """A cleaning round was aborted (truncation, topic deletion, shutdown); nothing was swapped."""
 
 
-def offset_argument(value, what: str = "offset") -> int:
-    """``value`` as an int offset, or InvalidOffsetError naming ``what``: a float, bool or
-    string offset would be stored as given (and a float one written to a checkpoint file that
-    a reopen then ignores)."""
-    import numbers
+def is_int(value) -> bool:
+    """An int, numpy's included, but not a bool (which Python counts as one)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+
+def offset_argument(value, what: str = "offset") -> int:
+    """``value`` as an int offset, or OffsetTypeError naming ``what``: a float, bool or string
+    offset would be stored as given (and a float one written to a checkpoint file that a
+    reopen then ignores)."""
+    if not is_int(value):
         raise OffsetTypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
     return int(value)

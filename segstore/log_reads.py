@@ -10,12 +10,9 @@ from __future__ import annotations
 import mmap
 from typing import Iterator, Optional
 
-import numpy as np
-
 from . import _core, segment_reads
 from .columns import RecordColumns
-from .errors import (CorruptRecordError, InvalidOffsetError, OffsetOutOfRangeError,
-                     OffsetTypeError, offset_argument)
+from .errors import CorruptRecordError, InvalidOffsetError, OffsetOutOfRangeError, offset_argument
 from .log_state import LogState as _State
 from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
                       OffsetAndTimestamp)
@@ -25,8 +22,7 @@ class LogReads:
     """read, read_columns, iter_records and offset_for_time over the log's snapshot."""
 
     def _check_read_offset(self, offset: int, st: _State) -> None:
-        if not isinstance(offset, (int, np.integer)) or isinstance(offset, bool):
-            raise OffsetTypeError(f"offset must be an int, not {type(offset).__name__}")
+        offset_argument(offset)
         if offset < st.log_start_offset or offset > st.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {self.topic}-{self.partition}: log start "
@@ -147,9 +143,7 @@ class LogReads:
     def offset_for_time(self, timestamp_ms: int) -> Optional[OffsetAndTimestamp]:
         """Kafka's ListOffsets for one partition (REF §3.7), including -1, -2 and -3."""
         self._check_open()
-        if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, (int, np.integer)):
-            raise InvalidOffsetError(f"offset_for_time needs an int timestamp in milliseconds, "
-                                     f"got {timestamp_ms!r}")
+        offset_argument(timestamp_ms, "offset_for_time's timestamp (milliseconds)")
         self._refresh()
         st = self._state
         if timestamp_ms == EARLIEST_TIMESTAMP:
@@ -228,7 +222,5 @@ def _check_limit(name: str, value, allow_none: bool) -> None:
     """A read's count or size limit: a non-negative int (None: no limit, where allowed)."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise OffsetTypeError(f"{name} must be an int, not {value!r}")
-    if not 0 <= value < 1 << 63:
+    if not 0 <= offset_argument(value, name) < 1 << 63:
         raise InvalidOffsetError(f"{name} must be from 0 to 2**63 - 1, got {value}")

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import _core
 from .checkpoint import fsync_dir
-from .errors import CorruptIndexError, CorruptRecordError, InvalidRecordError
+from .errors import CorruptIndexError, CorruptRecordError, InvalidRecordError, is_int
 from .records import ControlRecordType
 from .transaction_index import AbortedTxn
 
@@ -463,6 +463,5 @@ def check_producer_fields(producer_id, producer_epoch, base_sequence) -> None:
     for name, value, bits in (("producer_id", producer_id, 64),
                               ("producer_epoch", producer_epoch, 16),
                               ("base_sequence", base_sequence, 32)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                or not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+        if not is_int(value) or not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
             raise InvalidRecordError(f"{name} must be an int of {bits} signed bits, got {value!r}")

@@ -22,15 +22,13 @@ import uuid
 from collections import abc
 from typing import Callable, Iterable, Mapping, Optional
 
-import numpy as np
-
 from . import _core
 from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                          RECOVERY_POINT_CHECKPOINT, CheckpointError, OffsetCheckpointFile,
                          create_marker, fsync_dir, write_atomic_many)
 from .config import StoreConfig, TopicConfig
 from .errors import (InvalidConfigError, InvalidRecordError, InvalidTopicError, OffsetTypeError,
-                     ReadOnlyStoreError, StoreClosedError, StoreLockedError,
+                     ReadOnlyStoreError, offset_argument, StoreClosedError, StoreLockedError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .log import PartitionLog
 from .records import RecordMetadata, TopicPartition
@@ -315,10 +313,7 @@ class LogStore:
     def partition(self, topic: str, partition: int) -> PartitionLog:
         """The log of one partition."""
         meta = self._topic(topic)
-        if isinstance(partition, np.integer):
-            partition = int(partition)
-        if not isinstance(partition, int) or isinstance(partition, bool):
-            raise OffsetTypeError(f"partition must be an int, not {type(partition).__name__}")
+        partition = offset_argument(partition, "partition")
         if not 0 <= partition < meta["partitions"]:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition} (it has {meta['partitions']})")

@@ -43,8 +43,11 @@ def validate_topic_name(name) -> str:
 
 def is_legal_topic_name(name: str) -> bool:
     """Whether ``name`` passes :func:`validate_topic_name` (for names found on disk)."""
-    return (bool(_LEGAL_TOPIC.fullmatch(name)) and name not in (".", "..")
-            and len(name) <= MAX_TOPIC_LENGTH)
+    try:
+        validate_topic_name(name)
+    except InvalidTopicError:
+        return False
+    return True
 
 
 def validate_partition_count(num_partitions) -> int:
