@@ -4,6 +4,12 @@ Every byte-level loop lives there: varints, record batch v2 scan/decode/encode, 
 decode, column decode/encode, murmur2 and MurmurHash3. Parsers run without the GIL on explicit
 bounds and return status codes; one function turns a bad status into CorruptRecordError naming the
 file and position.
+
+Bad arguments raise segstore.errors classes: a ``start``/``end`` outside the buffer, a negative
+``max_records`` / ``max_batches`` or a non-positive ``records_per_batch`` / ``num_partitions``
+InvalidArgumentError; a negative or overflowing ``base_offset`` InvalidOffsetError; a null key
+given to ``murmur2`` / ``murmur3_128`` (which would otherwise hash like ``b""``) and malformed
+records InvalidRecordError.
 """
 
 from typing import Any, NamedTuple, Optional, Sequence, Union

@@ -30,7 +30,8 @@ import numpy as np
 from crc32c import crc32c as _crc32c_pkg
 
 from .columns import BinaryColumn, HeaderColumn, RecordColumns
-from .errors import CorruptRecordError, InvalidRecordError, InvalidOffsetError
+from .errors import (CorruptRecordError, InvalidArgumentError, InvalidOffsetError,
+                     InvalidRecordError)
 from .records import ConsumerRecord
 from . import compression as _compression
 
@@ -114,7 +115,8 @@ cdef int _raise_status(int status, Py_ssize_t position, object file, object deta
 cdef inline Py_ssize_t _resolve_end(Py_ssize_t length, Py_ssize_t start, object end) except -1:
     cdef Py_ssize_t e = length if end is None else end
     if start < 0 or e < start or e > length:
-        raise ValueError(f"range [{start}, {e}) is outside the buffer of {length} bytes")
+        raise InvalidArgumentError(f"byte range [{start}, {e}) is outside the buffer of {length} "
+                                   f"bytes")
     return e
 
 

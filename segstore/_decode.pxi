@@ -130,7 +130,7 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     """
     cdef int64_t limit = INT64_MAX_C if max_records is None else max_records
     if limit < 0:
-        raise ValueError(f"max_records must be >= 0, got {max_records}")
+        raise InvalidArgumentError(f"max_records must be >= 0, got {max_records}")
     cdef _DecodeJob job = _new_job(_opt_i64(min_offset, -INT64_MAX_C - 1),
                                    _opt_i64(end_offset, INT64_MAX_C), include_headers)
     cdef list files = []

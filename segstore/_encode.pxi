@@ -104,6 +104,15 @@ cdef object _compress_batch(object out, Py_ssize_t pos, Py_ssize_t size, int cod
     return res
 
 
+cdef int _check_offsets(int64_t base_offset, int64_t last_delta) except -1:
+    # Kafka's offsets are >= 0, and the batch's last offset must fit in int64.
+    if base_offset < 0:
+        raise InvalidOffsetError(f"base_offset must be >= 0, got {base_offset}")
+    if base_offset > INT64_MAX_C - last_delta:
+        raise InvalidOffsetError(f"base_offset {base_offset} + {last_delta} overflows int64")
+    return 0
+
+
 def _now_ms():
     return int(time.time() * 1000)
 
@@ -256,6 +265,7 @@ cdef object _encode_records(values, keys, headers, timestamps_ms, _RecordIn* rec
             if od_v[i] < 0 or od_v[i] > 0x7FFFFFFF or (i and od_v[i] <= recs[i - 1].od):
                 raise InvalidOffsetError("offset_deltas must be >= 0 and strictly increasing")
             recs[i].od = <int32_t>od_v[i]
+    _check_offsets(base_offset, recs[n - 1].od)
     for i in range(n):
         _bytes_arg(<object>PySequence_Fast_GET_ITEM(values, i), keep, &ptr, &length, "value", i)
         recs[i].v = ptr

@@ -224,13 +224,13 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     cdef int codec = _compression.codec_id(compression)
     cdef Py_ssize_t n_src = len(values)
     if records_per_batch <= 0:
-        raise ValueError(f"records_per_batch must be positive, got {records_per_batch}")
+        raise InvalidArgumentError(f"records_per_batch must be positive, got {records_per_batch}")
     if keys is not None and len(keys) != n_src:
         raise InvalidRecordError(f"{len(keys)} keys for {n_src} values")
     # `order` picks and orders rows (a gather), so routed rows need no copy of the columns.
     order_arr = None if order is None else np.ascontiguousarray(order, dtype=np.int64)
     if order_arr is not None and order_arr.ndim != 1:
-        raise ValueError("order must be a one-dimensional array of row numbers")
+        raise InvalidArgumentError("order must be a one-dimensional array of row numbers")
     cdef Py_ssize_t n = n_src if order_arr is None else len(order_arr)
     cdef const int64_t[::1] ordv
     cdef const int64_t* ordp = NULL
@@ -246,6 +246,7 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     cdef const uint8_t* kvp = NULL
     cdef const uint8_t* kdp = NULL
     cdef int64_t kd_len = 0
+    _check_offsets(base_offset, max(n - 1, 0))
     if n == 0:
         return EncodedBatches(memoryview(b""), np.empty(0, dtype=BATCH_DTYPE))
     if vo.shape[0] != n_src + 1 or vv.shape[0] != n_src:
@@ -286,7 +287,7 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
                            ordp, n_src, n, records_per_batch, max_batch_bytes, &starts[0],
                            &positions[0], &nbatches, &total)
     if st == ST_ORDER:
-        raise ValueError(f"order holds a row number outside [0, {n_src})")
+        raise InvalidArgumentError(f"order holds a row number outside [0, {n_src})")
     if st != ST_OK:
         raise InvalidRecordError("column offsets are not increasing, point outside the data, "
                                  "or a value exceeds 2 GiB")

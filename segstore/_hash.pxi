@@ -346,8 +346,16 @@ def crc32c(data) -> int:
     return _crc32c_pkg(data)
 
 
+cdef inline _not_null_key(key):
+    # A typed memoryview takes None as an empty buffer: a null key would hash like b"".
+    if key is None:
+        raise InvalidRecordError("a null key has no hash (Kafka's partitioner and cleaner never "
+                                 "hash null keys)")
+
+
 def murmur2(data) -> int:
     """Kafka's murmur2 (seed 0x9747b28c) as a signed 32-bit int, like Java's Utils.murmur2."""
+    _not_null_key(data)
     cdef const uint8_t[::1] v = data
     return _murmur2(_ptr(v), v.shape[0])
 
@@ -355,7 +363,8 @@ def murmur2(data) -> int:
 def murmur2_partition(key, int num_partitions) -> int:
     """Kafka's default partitioner for a non-null key: toPositive(murmur2(key)) % n."""
     if num_partitions <= 0:
-        raise ValueError(f"num_partitions must be positive, got {num_partitions}")
+        raise InvalidArgumentError(f"num_partitions must be positive, got {num_partitions}")
+    _not_null_key(key)
     cdef const uint8_t[::1] v = key
     return (_murmur2(_ptr(v), v.shape[0]) & 0x7FFFFFFF) % num_partitions
 
@@ -363,14 +372,14 @@ def murmur2_partition(key, int num_partitions) -> int:
 def murmur2_partitions(keys, int num_partitions):
     """Vectorized murmur2_partition over a BinaryColumn (int32; -1 for null keys)."""
     if num_partitions <= 0:
-        raise ValueError(f"num_partitions must be positive, got {num_partitions}")
+        raise InvalidArgumentError(f"num_partitions must be positive, got {num_partitions}")
     cdef const uint8_t[::1] data = keys.data
     cdef const int64_t[::1] offs = keys.offsets
     cdef const uint8_t[::1] valid = keys.valid.view(np.uint8)
     cdef Py_ssize_t n = valid.shape[0], i, bad = -1
     cdef Py_ssize_t length = data.shape[0]
     if offs.shape[0] != n + 1:
-        raise ValueError("keys.offsets must have one more entry than keys.valid")
+        raise InvalidRecordError("keys.offsets must have one more entry than keys.valid")
     out = np.empty(n, dtype=np.int32)
     cdef int32_t[::1] o = out
     cdef const uint8_t* d = _ptr(data)
@@ -385,7 +394,7 @@ def murmur2_partitions(keys, int num_partitions):
             else:
                 o[i] = -1
     if bad >= 0:
-        raise ValueError(f"key {bad}'s offsets lie outside keys.data")
+        raise InvalidRecordError(f"key {bad}'s offsets lie outside keys.data")
     return out
 
 
@@ -397,7 +406,7 @@ def murmur3_128_digests(keys):
     cdef const uint8_t[::1] valid = keys.valid.view(np.uint8)
     cdef Py_ssize_t n = valid.shape[0], i, j = 0, bad = -1
     if offs.shape[0] != n + 1:
-        raise ValueError("keys.offsets must have one more entry than keys.valid")
+        raise InvalidRecordError("keys.offsets must have one more entry than keys.valid")
     out = np.empty((int(np.count_nonzero(keys.valid)), 2), dtype=np.uint64)
     cdef uint64_t[:, ::1] o = out
     cdef const uint8_t* d = _ptr(data)
@@ -411,7 +420,7 @@ def murmur3_128_digests(keys):
                 murmur3_x64_128(d + offs[i], offs[i + 1] - offs[i], 0, &o[j, 0], &o[j, 1])
                 j += 1
     if bad >= 0:
-        raise ValueError(f"key {bad}'s offsets lie outside keys.data")
+        raise InvalidRecordError(f"key {bad}'s offsets lie outside keys.data")
     return out
 
 
@@ -424,6 +433,7 @@ def distinct_digests(digests) -> np.ndarray:
 
 def murmur3_128(data, uint32_t seed=0) -> bytes:
     """MurmurHash3 x64-128 digest (16 bytes), equal to ``mmh3.hash_bytes(data, seed)``."""
+    _not_null_key(data)
     cdef const uint8_t[::1] v = data
     cdef uint64_t h1, h2
     cdef uint8_t out[16]

@@ -282,7 +282,7 @@ def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_of
     cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C)
     cdef Py_ssize_t limit = INT64_MAX_C if max_records is None else max_records
     if limit < 0:
-        raise ValueError(f"max_records must be >= 0, got {max_records}")
+        raise InvalidArgumentError(f"max_records must be >= 0, got {max_records}")
     cdef const uint8_t* base = _ptr(view)
     cdef list out = []
     cdef _Scan scan

@@ -197,6 +197,8 @@ def scan_batches(buf, Py_ssize_t start=0, end=None, *, bint validate_crc=False,
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
     cdef Py_ssize_t mb = -1 if max_batches is None else max_batches
+    if mb < 0 and max_batches is not None:
+        raise InvalidArgumentError(f"max_batches must be >= 0 (or None for all), got {max_batches}")
     cdef _Scan s = _scan(buf, view, start, e, validate_crc, mb, strict)
     error = None
     if s.status != ST_OK:

@@ -13,7 +13,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from .errors import InvalidRecordError
+from .errors import InvalidRecordError, is_int
 
 _EMPTY_U8 = np.empty(0, dtype=np.uint8)
 
@@ -37,12 +37,24 @@ class BinaryColumn:
     def __len__(self) -> int:
         return len(self.valid)
 
-    def __getitem__(self, i: int) -> Optional[bytes]:
+    def __getitem__(self, i):
+        """Value ``i`` as bytes (None for a null), or a slice of the column as a BinaryColumn
+        sharing this one's data."""
         n = len(self)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            if step != 1:
+                raise InvalidRecordError("a BinaryColumn slice takes no step")
+            stop = max(start, stop)
+            return BinaryColumn(self.data, self.offsets[start:stop + 1], self.valid[start:stop])
+        if not is_int(i):
+            raise TypeError(f"BinaryColumn indices must be ints or slices, not "
+                            f"{type(i).__name__}")
+        i = int(i)
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(i)
+            raise IndexError(f"index {i} is outside the column of {n} values")
         if not self.valid[i]:
             return None
         return self.data[self.offsets[i]:self.offsets[i + 1]].tobytes()
@@ -94,14 +106,18 @@ class BinaryColumn:
         """Every row of a 2-d uint8 array (or 1-d ``S<n>`` array) as one value; no nulls."""
         arr = np.ascontiguousarray(matrix)
         if arr.dtype.kind == "S":
+            if arr.ndim != 1:
+                raise InvalidRecordError(f"from_fixed needs a 1-d S<n> array, not {arr.ndim}-d")
             width = arr.dtype.itemsize
             n = arr.shape[0]
             data = arr.view(np.uint8).reshape(-1)
         else:
-            if arr.ndim != 2:
-                raise InvalidRecordError("from_fixed needs a 2-d uint8 array or an S<n> array")
+            # Only bytes: casting wider ints to uint8 would keep each value's low byte.
+            if arr.ndim != 2 or arr.dtype not in (np.uint8, np.int8):
+                raise InvalidRecordError(f"from_fixed needs a 2-d uint8 array or an S<n> array, "
+                                         f"not a {arr.ndim}-d {arr.dtype} array")
             n, width = arr.shape
-            data = arr.astype(np.uint8, copy=False).reshape(-1)
+            data = arr.view(np.uint8).reshape(-1)
         offsets = np.arange(n + 1, dtype=np.int64) * width
         return cls(data, offsets, np.ones(n, dtype=np.bool_))
 

@@ -63,6 +63,11 @@ class OffsetTypeError(InvalidOffsetError, TypeError):
     """An offset (or offset-like argument) that is not an int: a TypeError too."""
 
 
+class InvalidArgumentError(SegstoreError, ValueError):
+    """A count, limit or byte range outside what it may be (a negative ``max_records``, a
+    ``start``/``end`` outside the buffer given to the codec)."""
+
+
 class InvalidTopicError(SegstoreError, ValueError):
     """A topic name Kafka would reject."""
 
