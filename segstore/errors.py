@@ -35,6 +35,16 @@ class CorruptIndexError(SegstoreError):
     """An index file that fails its sanity check."""
 
 
+class SegmentChangedError(SegstoreError):
+    """A segment was truncated, deleted or closed while a read was using it (``file`` names
+    it). Reads then retry on the log's new state, so this reaches a caller only when that keeps
+    happening, or from lower-level calls on a :class:`~segstore.segment.LogSegment`."""
+
+    def __init__(self, message: str, *, file: str | None = None):
+        self.file = file
+        super().__init__(message)
+
+
 class InvalidRecordError(SegstoreError, ValueError):
     """A record the caller asked to write is not valid (wrong type, bad header, ...)."""
 

@@ -42,8 +42,8 @@ class _AbstractIndex:
         self._mm: Optional[mmap.mmap] = None
         self._dropped = False  # closed or deleted: nothing left to flush
         self._allocated = 0  # file bytes known to have disk blocks (written by pwrite)
-        exists = os.path.exists(path)
         if writable:
+            exists = os.path.exists(path)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 length = os.fstat(fd).st_size
@@ -62,9 +62,11 @@ class _AbstractIndex:
             # the writer trims indexes on roll, and touching a trimmed page of a map is SIGBUS.
             # Only the prefix of sane entries is used (the rest is zero padding or in flux).
             data = b""
-            if exists:
+            try:
                 with open(path, "rb") as f:
                     data = f.read()
+            except FileNotFoundError:
+                pass  # none, or removed by the writer's swap meanwhile: reads scan the log
             self._mm = data
             self._length = len(data)
             self.entries = len(data) // self.entry_size
@@ -153,9 +155,9 @@ class _AbstractIndex:
         return None
 
     def close(self) -> None:
-        """Trim and drop the mapping (it is unmapped once no reader holds it)."""
+        """Trim; the (trimmed) mapping stays for readers that still hold this index, and is
+        unmapped with the index object."""
         self.trim_to_valid_size()
-        self._mm = None
         self._dropped = True
 
     def rename(self, new_path: str) -> None:
@@ -165,8 +167,7 @@ class _AbstractIndex:
         self.path = new_path
 
     def delete(self) -> None:
-        """Remove the file if present."""
-        self._mm = None
+        """Remove the file if present (a reader holding this index keeps reading its map)."""
         self._dropped = True
         try:
             os.unlink(self.path)
@@ -180,6 +181,12 @@ class _AbstractIndex:
     def _buffer(self):
         mm = self._mm
         return mm if mm is not None else b""
+
+    def _view(self) -> tuple:
+        """(buffer, entries) that agree: readers take no lock, and a remap, trim or reset
+        between reading the two would pair a count with a map too short for it."""
+        buf = self._buffer()
+        return buf, min(self.entries, len(buf) // self.entry_size)
 
     def sanity_check(self, log_size: Optional[int] = None) -> None:
         """Raise CorruptIndexError unless entries are ordered, in range and not zero padding."""
@@ -245,25 +252,27 @@ class OffsetIndex(_AbstractIndex):
     entry_size = 8
     _time = False
 
-    def entry(self, slot: int) -> tuple[int, int]:
-        """(absolute offset, position) of a slot."""
-        rel, pos = _OFFSET_ENTRY.unpack_from(self._buffer(), slot * 8)
+    def entry(self, slot: int, buf=None) -> tuple[int, int]:
+        """(absolute offset, position) of a slot (of ``buf``, a :meth:`_view`'s buffer)."""
+        rel, pos = _OFFSET_ENTRY.unpack_from(self._buffer() if buf is None else buf, slot * 8)
         return self.base_offset + rel, pos
 
     @property
     def last_offset(self) -> int:
         """Offset of the last entry, or the base offset when empty."""
-        return self.entry(self.entries - 1)[0] if self.entries else self.base_offset
+        buf, n = self._view()
+        return self.entry(n - 1, buf)[0] if n else self.base_offset
 
     def lookup(self, offset: int) -> tuple[int, int]:
         """(offset, position) of the largest entry <= offset; (base_offset, 0) if none."""
         rel = offset - self.base_offset
         if rel < 0:
             return self.base_offset, 0
-        slot = _core.index_lookup(self._buffer(), self.entries, min(rel, 0x7FFFFFFF), False)
+        buf, n = self._view()
+        slot = _core.index_lookup(buf, n, min(rel, 0x7FFFFFFF), False)
         if slot < 0:
             return self.base_offset, 0
-        return self.entry(slot)
+        return self.entry(slot, buf)
 
     def append(self, offset: int, position: int) -> None:
         """Add an entry; the offset must be above the last one and the index not full."""
@@ -305,14 +314,15 @@ class TimeIndex(_AbstractIndex):
     entry_size = 12
     _time = True
 
-    def entry(self, slot: int) -> tuple[int, int]:
-        """(timestamp, absolute offset) of a slot."""
-        ts, rel = _TIME_ENTRY.unpack_from(self._buffer(), slot * 12)
+    def entry(self, slot: int, buf=None) -> tuple[int, int]:
+        """(timestamp, absolute offset) of a slot (of ``buf``, a :meth:`_view`'s buffer)."""
+        ts, rel = _TIME_ENTRY.unpack_from(self._buffer() if buf is None else buf, slot * 12)
         return ts, self.base_offset + rel
 
     def last_entry(self) -> tuple[int, int]:
         """(timestamp, offset) of the last entry, or (-1, base_offset) when empty."""
-        return self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
+        buf, n = self._view()
+        return self.entry(n - 1, buf) if n else (-1, self.base_offset)
 
     def is_full(self) -> bool:
         """Full one entry early: the last slot is reserved for the roll-time entry."""
@@ -320,10 +330,11 @@ class TimeIndex(_AbstractIndex):
 
     def lookup(self, timestamp: int) -> tuple[int, int]:
         """(timestamp, offset) of the largest entry with timestamp <= target; (-1, base) if none."""
-        slot = _core.index_lookup(self._buffer(), self.entries, timestamp, True)
+        buf, n = self._view()
+        slot = _core.index_lookup(buf, n, timestamp, True)
         if slot < 0:
             return -1, self.base_offset
-        return self.entry(slot)
+        return self.entry(slot, buf)
 
     def maybe_append(self, timestamp: int, offset: int, skip_full_check: bool = False) -> None:
         """Append unless the timestamp is not above the last entry's (equal ones are skipped)."""

@@ -7,15 +7,38 @@ A mixin of :class:`segstore.log.PartitionLog`: it works only on the log's immuta
 
 from __future__ import annotations
 
+import functools
 import mmap
 from typing import Iterator, Optional
 
 from . import _core, segment_reads
 from .columns import RecordColumns
-from .errors import CorruptRecordError, InvalidOffsetError, OffsetOutOfRangeError, offset_argument
+from .errors import (CorruptRecordError, InvalidArgumentError, InvalidOffsetError,
+                     OffsetOutOfRangeError, SegmentChangedError, offset_argument)
 from .log_state import LogState as _State
 from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
                       OffsetAndTimestamp)
+
+
+READ_ATTEMPTS = 4  # a read racing truncations or deletions this often in a row gives up
+
+
+def _on_current_state(read):
+    """Run ``read`` again on the log's new state when a segment of its snapshot changed under
+    it: deleted or closed (SegmentChangedError), or truncated, which can also surface as damage
+    or a range past the new end. A closed log then raises StoreClosedError, an offset that
+    retention or truncation removed OffsetOutOfRangeError."""
+    @functools.wraps(read)
+    def wrapper(self, *args, **kwargs):
+        for attempt in range(READ_ATTEMPTS):
+            truncations = self.truncations
+            try:
+                return read(self, *args, **kwargs)
+            except (SegmentChangedError, CorruptRecordError, InvalidArgumentError) as e:
+                changed = isinstance(e, SegmentChangedError) or self.truncations != truncations
+                if not changed or attempt == READ_ATTEMPTS - 1:
+                    raise
+    return wrapper
 
 
 class LogReads:
@@ -41,6 +64,7 @@ class LogReads:
         and ``max_records`` records; [] at the log end. Kafka's out-of-range rules apply."""
         return self._read(offset, max_records, max_bytes, None)
 
+    @_on_current_state
     def _read(self, offset: int, max_records: Optional[int], max_bytes: int,
               end_offset: Optional[int]) -> list[ConsumerRecord]:
         # ``end_offset``: no segment starting at or after it is read (so damage there cannot
@@ -79,6 +103,7 @@ class LogReads:
                 offset = recs[-1].offset + 1
         return out
 
+    @_on_current_state
     def read_columns(self, offset: Optional[int] = None, end_offset: Optional[int] = None,
                      max_records: Optional[int] = None,
                      include_headers: bool = False) -> RecordColumns:
@@ -140,6 +165,7 @@ class LogReads:
                 yield r
             offset = recs[-1].offset + 1
 
+    @_on_current_state
     def offset_for_time(self, timestamp_ms: int) -> Optional[OffsetAndTimestamp]:
         """Kafka's ListOffsets for one partition (REF §3.7), including -1, -2 and -3."""
         self._check_open()

@@ -7,7 +7,8 @@ truncating a segment writes the kept prefix to a new file and renames it over th
 
 File naming lives in :mod:`segstore.segment_files`, the checks of a segment's offsets and indexes
 (and ``verify()``) in :mod:`segstore.segment_checks`, reads by offset (``translate_offset``,
-``read_range``) in :mod:`segstore.segment_reads`.
+``read_range``) in :mod:`segstore.segment_reads`, writing whole indexes (rebuild, adoption) in
+:mod:`segstore.segment_indexing`.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from typing import Optional
 import numpy as np
 
 from . import _core, segment_reads
-from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
+from .errors import (CorruptIndexError, CorruptRecordError, InvalidOffsetError,
+                     SegmentChangedError)
 from .flusher import PendingFlush
 from .index import OffsetIndex, TimeIndex
 # Names defined by the helper modules are re-exported: the package and its tests import them
 # from here.
 from .segment_checks import (MAX_RELATIVE_OFFSET, Problem, consistent_prefix, first_offsets,
                              sanity_check_indexes, verify_segment)
+from .segment_indexing import SegmentIndexing, sealed_index_entries
 from .segment_files import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
                             SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix,
                             read_map, replace_suffix, segment_paths)
@@ -41,25 +44,7 @@ __all__ = ["LogSegment", "sealed_index_entries", "Problem", "MAX_RELATIVE_OFFSET
 log = logging.getLogger("segstore.segment")
 
 
-def sealed_index_entries(batches: np.ndarray, base_offset: int, index_interval_bytes: int):
-    """The index entries of a sealed segment holding exactly ``batches`` from ``base_offset``:
-    the sparse rule's (REF §2.6), then the final time-index entry a roll adds (REF §2.4).
-
-    Returns ``(offset entries, time entries, bytes since the last entry, max timestamp, its
-    offset)``, entries as the ``>i4,>i4`` and ``>i8,>i4`` arrays the files hold.
-    """
-    offs, times, since, max_ts, off_max = _core.sparse_index(
-        batches, base_offset, 0, index_interval_bytes, 0, -1, base_offset, -1)
-    if len(batches) and max_ts >= 0 and (not len(times) or max_ts > int(times["ts"][-1])):
-        # Filled in place: np.concatenate would turn the big-endian fields native.
-        with_final = np.empty(len(times) + 1, dtype=times.dtype)
-        with_final[:-1] = times
-        with_final[-1] = (max_ts, off_max - base_offset)
-        times = with_final
-    return offs, times, since, max_ts, off_max
-
-
-class LogSegment:
+class LogSegment(SegmentIndexing):
     """A segment: its log file, indexes, size and timestamps. Mutations are the log's job.
 
     ``config`` is a TopicConfig-like object (segment_index_bytes, index_interval_bytes, ...);
@@ -81,6 +66,9 @@ class LogSegment:
         # Like Kafka's LazyIndex, a segment holds no descriptor and maps no index until first
         # used: a store of 10,000 segments opens without 30,000 file descriptors.
         self._fd_value: Optional[int] = None
+        # Closed or deleted: nothing is opened again (a reader of an old snapshot gets
+        # SegmentChangedError and reads the log's new state instead).
+        self._gone = False
         self._offset_index: Optional[OffsetIndex] = None
         self._time_index: Optional[TimeIndex] = None
         self._index_paths = [paths[INDEX_SUFFIX], paths[TIME_INDEX_SUFFIX]]
@@ -118,12 +106,18 @@ class LogSegment:
             self._load_indexes()
 
     # -- lazily opened files ----------------------------------------------------------------
+    def _check_not_gone(self) -> None:
+        if self._gone:
+            raise SegmentChangedError(f"segment {self.log_path} was closed or deleted",
+                                      file=self.log_path)
+
     @property
     def _fd(self) -> int:
         fd = self._fd_value
         if fd is None:
             with self._lock:
                 if self._fd_value is None:
+                    self._check_not_gone()
                     flags = os.O_RDONLY if self.readonly else os.O_RDWR
                     self._fd_value = os.open(self.log_path, flags)
                 fd = self._fd_value
@@ -147,6 +141,7 @@ class LogSegment:
         with self._lock:
             if self._offset_index is not None:
                 return
+            self._check_not_gone()
             writable = not self.readonly
             oi = OffsetIndex(self._index_paths[0], self.base_offset,
                              self.config.segment_index_bytes, writable=writable)
@@ -217,6 +212,11 @@ class LogSegment:
                 mm = self._mm
                 if mm is None or len(mm) < need:
                     length = os.fstat(self._fd).st_size
+                    if length < need and need > self.size:
+                        # Truncated since the caller read the size: not damage.
+                        raise SegmentChangedError(
+                            f"segment {self.log_path} was truncated to {self.size} bytes under "
+                            f"a read of {need}", file=self.log_path)
                     if length < need:
                         raise CorruptRecordError(
                             f"segment shorter ({length} bytes) than expected ({need})",
@@ -331,48 +331,6 @@ class LogSegment:
         self.offset_index.append_entries(offs)
         self.time_index.append_entries(times)
 
-    def rebuild_indexes(self, batches: np.ndarray) -> None:
-        """Reset both indexes and re-add entries for scanned batches (recovery, REF §4.3)."""
-        self._check_indexes_on_load = False  # about to be rebuilt: no check on loading them
-        self._dirty = self._unsynced = True
-        built = _core.sparse_index(batches, self.base_offset, 0, self.config.index_interval_bytes,
-                                   0, -1, self.base_offset, -1)
-        self._write_index_entries(built[0], built[1])
-        self._set_index_state(batches, built)
-
-    def _write_index_entries(self, offs: np.ndarray, times: np.ndarray) -> None:
-        self.offset_index.reset(self.config.segment_index_bytes)
-        self.time_index.reset(self.config.segment_index_bytes)
-        # A rebuild indexes batch by batch from the start, which can need more entries than
-        # the appends made (e.g. after truncations): grow the files rather than fail.
-        for index, entries, reserve in ((self.offset_index, offs, 0), (self.time_index, times, 1)):
-            if len(entries) + reserve > index.max_entries:
-                index.resize((len(entries) + reserve + 1) * index.entry_size)
-        self.offset_index.append_entries(offs)
-        self.time_index.append_entries(times)
-
-    def _set_index_state(self, batches: np.ndarray, built: tuple) -> None:
-        # What appending ``batches`` to an empty segment would have left in memory.
-        self._dirty = True
-        _, _, self.bytes_since_last_index_entry, max_ts, off_max = built
-        self._max_ts = (max_ts, off_max) if len(batches) else (-1, self.base_offset)
-        if len(batches):
-            self.rolling_based_timestamp = int(batches["max_timestamp"][0])
-
-    def adopt_indexes(self, batches: np.ndarray, built: tuple, active: bool) -> None:
-        """Index a segment that holds exactly ``batches`` with ``built``
-        (:func:`sealed_index_entries`: the entries of a sealed segment) and fsync the files.
-        They end preallocated when the segment stays ``active`` (appends follow), trimmed
-        otherwise, as a roll leaves them."""
-        self._check_indexes_on_load = False  # written from ``built``
-        self._write_index_entries(built[0], built[1])
-        self._set_index_state(batches, built)
-        if not active:
-            self.offset_index.trim_to_valid_size()
-            self.time_index.trim_to_valid_size()
-        self.offset_index.flush()
-        self.time_index.flush()
-
     # -- rolling ----------------------------------------------------------------------------
     def should_roll(self, incoming_bytes: int, incoming_max_ts: int, incoming_last_offset: int,
                     max_segment_ms: int, now: int) -> bool:
@@ -479,14 +437,15 @@ class LogSegment:
             os.close(fd)
             os.unlink(tmp)
             raise
-        os.replace(tmp, self.log_path)
-        old = self._fd_value
-        self._fd_value = fd
-        self._inode = os.fstat(fd).st_ino
-        self._mm = None
+        with self._lock:  # buffer() sees the old file and size or the new ones
+            os.replace(tmp, self.log_path)
+            old = self._fd_value
+            self._fd_value = fd
+            self._inode = os.fstat(fd).st_ino
+            self._mm = None  # readers holding the old map keep reading the old file
+            self.size = keep
         if old is not None:
             os.close(old)
-        self.size = keep
 
     def truncate_bytes(self, valid_bytes: int) -> int:
         """Cut the file at ``valid_bytes`` (recovery after a torn or corrupt tail)."""
@@ -545,6 +504,10 @@ class LogSegment:
 
     def close(self) -> None:
         """Final time-index entry, trim and close (a later open sees only valid entries)."""
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
         if not self.readonly and self._dirty:
             try:
                 self.on_become_inactive()
@@ -556,8 +519,11 @@ class LogSegment:
         if self._offset_index is not None:
             self._offset_index.close()
             self._time_index.close()
+            # Readers holding them keep their maps; the last one unmaps them.
+            self._offset_index = self._time_index = None
         if self._txn_index is not None:
             self._txn_index.close()
+        self._gone = True
         self._mm = None
         if self._fd_value is not None:
             os.close(self._fd_value)
@@ -586,13 +552,15 @@ class LogSegment:
 
     def delete_files(self) -> None:
         """Drop the segment's descriptors and maps (no trimming: it is going) and unlink it."""
-        self._offset_index = self._time_index = None
-        if self._txn_index is not None:
-            self._txn_index.close()
-        self._mm = None
-        if self._fd_value is not None:
-            os.close(self._fd_value)
-            self._fd_value = None
+        with self._lock:
+            self._gone = True
+            self._offset_index = self._time_index = None
+            if self._txn_index is not None:
+                self._txn_index.close()
+            self._mm = None
+            if self._fd_value is not None:
+                os.close(self._fd_value)
+                self._fd_value = None
         for path in (self.log_path, *self._index_paths, self.txn_index_path):
             try:
                 os.unlink(path)

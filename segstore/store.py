@@ -491,6 +491,8 @@ class LogStore:
                         break
                     stats = self.cleaner.clean_log(worker, ltc, now, raise_errors=True)
                     if stats is None:
+                        if self.cleaner.closing:  # aborted: close() waits for this round
+                            raise StoreClosedError("the store was closed during compact()")
                         break
                     results.append(stats)
                     if not stats.map_full or stats.end_offset == last_end:

@@ -14,6 +14,7 @@ import pytest
 from segstore import flusher
 from segstore.cleaner import spare_memory
 from segstore.cleaner.cleaner import Cleaner
+from segstore.errors import StoreClosedError
 from segstore.index import OffsetIndex
 from test_cleaner_service import _grouped_store, stores, temp_files  # noqa: F401
 from test_spare_memory import _compacted_store
@@ -97,12 +98,12 @@ def test_thread_start_failure_does_not_close_a_descriptor_twice(tmp_path, monkey
 
 
 # spare_memory: a store closed while another thread's compact() runs keeps that round's map
-# and buffer out of the spare list until the round ends.
+# and buffer out of the spare list until the round ends (close() waits for the round, which
+# aborts; only then do its map and buffer become spare).
 def test_close_during_compact_does_not_share_memory_with_the_next_store(tmp_path, monkeypatch):
     monkeypatch.setattr(spare_memory, "_maps", [])
     monkeypatch.setattr(spare_memory, "_buffers", [])
     s1, _ = _compacted_store(tmp_path / "a")
-    s2 = None
     built, resume = threading.Event(), threading.Event()
     real_build = Cleaner.build_offset_map
     in_round = {}
@@ -123,22 +124,25 @@ def test_close_during_compact_does_not_share_memory_with_the_next_store(tmp_path
             errors.append(e)
     t = threading.Thread(target=run)
     t.start()
+    closer = threading.Thread(target=s1.close)
     try:
         assert built.wait(10)
-        s1.close()                                # the round in `t` still holds its worker
-        s2, _ = _compacted_store(tmp_path / "b")
-        s2.compact("t", force=True)
-        w2 = next(iter(s2.cleaner._workers[-1].values()))
-        shared = [name for name, mine, theirs in (("map", in_round["map"], w2.offset_map),
-                                                  ("out", in_round["out"], w2._out))
-                  if mine is theirs]
-        assert shared == [], f"{shared} in use by store a's running round and store b"
+        closer.start()                            # the round in `t` still holds its worker
+        for _ in range(1000):
+            if s1.cleaner.closing:
+                break
+            threading.Event().wait(0.01)
+        assert s1.cleaner.closing and closer.is_alive()
+        spare = [m for _, m in spare_memory._maps] + spare_memory._buffers
+        assert not any(x is in_round["map"] or x is in_round["out"] for x in spare), \
+            "a running round's map or buffer went to the spare list"
         assert in_round["worker"]._out is not None, "a running round's _out was released"
     finally:
         resume.set()
         t.join(10)
-        if s2 is not None:
-            s2.close()
+        closer.join(10)
+    assert not closer.is_alive()
+    assert [type(e) for e in errors] == [StoreClosedError]
 
 
 # swap_in: an error after the swap committed the segment (renamed it .swap) never deletes

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from ..errors import CleaningAbortedError
+from ..errors import CleaningAbortedError, StoreClosedError
 from ..records import TopicPartition
 from .cleaner import Cleaner
 from . import spare_memory
@@ -47,7 +47,9 @@ class LogCleaner:
         self.last_pre_clean: dict = {}      # thread id -> PreCleanStats of its last selection
         self._workers: dict = {}            # thread id -> {strategy: Cleaner}
         self._workers_lock = threading.Lock()
-        self._on_demand_ids: set = set()    # negative ids of on-demand rounds in progress
+        self._on_demand_ids: dict = {}      # negative ids of on-demand rounds -> thread ident
+        self._rounds_ended = threading.Condition(self._workers_lock)
+        self.closing = False                # shutdown() began: no new on-demand rounds
         self._memory_released = False       # the store closed: workers go to spare_memory
 
     # -- workers ----------------------------------------------------------------------------
@@ -98,10 +100,12 @@ class LogCleaner:
         """A worker id (-1, -2, ...) for an on-demand round in the calling thread: concurrent
         ``store.compact`` calls never share an offset map or output buffer."""
         with self._workers_lock:
+            if self.closing:
+                raise StoreClosedError("the store is closing: no new cleaning round can start")
             i = -1
             while i in self._on_demand_ids:
                 i -= 1
-            self._on_demand_ids.add(i)
+            self._on_demand_ids[i] = threading.get_ident()
             return i
 
     def release_on_demand_id(self, i: int) -> None:
@@ -109,7 +113,8 @@ class LogCleaner:
         while they are few (cleaner/spare_memory.py); after :meth:`release_memory` its map
         and buffer go to the spare list."""
         with self._workers_lock:
-            self._on_demand_ids.discard(i)
+            self._on_demand_ids.pop(i, None)
+            self._rounds_ended.notify_all()
             if self._memory_released:
                 mine = self._workers.pop(i, {})
             else:
@@ -239,11 +244,18 @@ class LogCleaner:
             raise
 
     def shutdown(self) -> None:
-        """Stop the threads, aborting rounds in progress (their .cleaned files are removed)."""
+        """Stop the threads and wait for other threads' on-demand rounds, aborting rounds in
+        progress (their .cleaned files are removed): the store closes its logs only after."""
+        with self._workers_lock:
+            self.closing = True
         self._stop.set()
         for t in self._threads:
             t.join()
         self._threads = []
+        me = threading.get_ident()
+        with self._rounds_ended:  # a round aborts at its next check (each chunk)
+            while any(t != me for t in self._on_demand_ids.values()):
+                self._rounds_ended.wait()
 
     # -- metrics (REF §6.14) ------------------------------------------------------------------
     def metrics(self, now: Optional[int] = None) -> dict:
