@@ -8,6 +8,7 @@ Format: a version line (0), a count line, then ``<topic> <partition> <offset>`` 
 from __future__ import annotations
 
 import os
+import re
 from typing import Mapping
 
 from .errors import SegstoreError
@@ -21,6 +22,17 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 
 class CheckpointError(SegstoreError):
     """A checkpoint file that does not follow Kafka's format."""
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")           # BufferedReader.readLine's line ends
+_WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]+")    # Java's \s
+_INT = re.compile(r"[+-]?[0-9]+")                  # what Integer/Long.parseInt take
+
+
+def _parse_int(text: str, path: str, what: str, bits: int = 32) -> int:
+    if not _INT.fullmatch(text) or not -(1 << bits - 1) <= int(text) < 1 << bits - 1:
+        raise CheckpointError(f"{path}: malformed {what}")
+    return int(text)
 
 
 def fsync_dir(path: str) -> None:
@@ -90,34 +102,41 @@ class OffsetCheckpointFile:
         return "\n".join(lines) + "\n"
 
     def read(self) -> dict[TopicPartition, int]:
-        """The entries; {} when the file is missing or empty. Malformed files raise."""
+        """The entries; {} when the file is missing or empty. Malformed files raise, by Kafka's
+        reader's rules: lines end at ``\n``, ``\r`` or ``\r\n``; numbers take no padding; an
+        entry splits on runs of whitespace into exactly three fields (a blank line or a
+        leading blank does not), ignoring trailing blanks; the file is UTF-8."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
+            with open(self.path, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             return {}
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"{self.path}: not UTF-8 ({e.reason} at byte {e.start})") \
+                from None
+        lines = _LINE_END.split(text)
+        if lines[-1] == "":
+            lines.pop()  # the last line's end
         if not lines:
             return {}
-        try:
-            version = int(lines[0].strip())
-        except ValueError:
-            raise CheckpointError(f"{self.path}: malformed version line {lines[0]!r}") from None
+        version = _parse_int(lines[0], self.path, "version line")
         if version != 0:
             raise CheckpointError(f"{self.path}: unrecognized version {version}")
-        try:
-            count = int(lines[1].strip())
-        except (IndexError, ValueError):
-            raise CheckpointError(f"{self.path}: missing or malformed count line") from None
-        entries = [ln for ln in lines[2:] if ln.strip()]
+        if len(lines) < 2:
+            raise CheckpointError(f"{self.path}: missing count line")
+        count = _parse_int(lines[1], self.path, "count line")
+        entries = lines[2:]
         if len(entries) != count:
             raise CheckpointError(f"{self.path}: expected {count} entries but found {len(entries)}")
         out = {}
         for ln in entries:
-            fields = ln.split()
+            fields = _WHITESPACE.split(ln)
+            while fields and fields[-1] == "":
+                fields.pop()  # Java's String.split drops trailing empty fields
             if len(fields) != 3:
                 raise CheckpointError(f"{self.path}: malformed line {ln!r}")
-            try:
-                out[TopicPartition(fields[0], int(fields[1]))] = int(fields[2])
-            except ValueError:
-                raise CheckpointError(f"{self.path}: malformed line {ln!r}") from None
+            out[TopicPartition(fields[0], _parse_int(fields[1], self.path, f"line {ln!r}"))] = \
+                _parse_int(fields[2], self.path, f"line {ln!r}", bits=64)
         return out

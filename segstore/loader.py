@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from .errors import CorruptIndexError
+from .segment_split import split_overflowed_segments
 from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,
                       TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, consistent_prefix)
 
@@ -40,6 +41,24 @@ def _base_offset(name: str) -> int:
     return int(name.split(".", 1)[0])
 
 
+def _is_segment_file(name: str) -> bool:
+    """A name segstore (and Kafka) gives a segment's files: 20 digits, then the suffix."""
+    return len(name) > 21 and name[:20].isdigit() and name[20] == "."
+
+
+def _segment_names(directory: str) -> list:
+    """The partition directory's segment file names, sorted; a stray file with a segment
+    suffix (``foo.log``) is left alone, with a warning."""
+    names = []
+    for n in sorted(os.listdir(directory)):
+        if _is_segment_file(n):
+            names.append(n)
+        elif n.endswith((LOG_SUFFIX, SWAP_SUFFIX, CLEANED_SUFFIX) + _INDEX_SUFFIXES):
+            log.warning("ignoring %s in %s: not a segment file name (20 digits, then the "
+                        "suffix)", n, directory)
+    return names
+
+
 def _remove(path: str) -> None:
     try:
         os.unlink(path)
@@ -49,14 +68,14 @@ def _remove(path: str) -> None:
 
 def clean_temp_files(directory: str) -> None:
     """Phases 1-4: drop deleted/cleaned leftovers and finish interrupted swaps."""
-    names = sorted(os.listdir(directory))
-    cleaned = [n for n in names if n.endswith(CLEANED_SUFFIX)]
-    swaps = [n for n in names if n.endswith(SWAP_SUFFIX)]
-    for n in names:
+    for n in sorted(os.listdir(directory)):
         if n.endswith(DELETED_SUFFIX) and not n.endswith(".checkpoint.deleted"):
             _remove(os.path.join(directory, n))
         elif n.endswith(".truncating"):  # a copy-on-write truncation that never finished
             _remove(os.path.join(directory, n))
+    names = _segment_names(directory)
+    cleaned = [n for n in names if n.endswith(CLEANED_SUFFIX)]
+    swaps = [n for n in names if n.endswith(SWAP_SUFFIX)]
     min_cleaned = min((_base_offset(n) for n in cleaned), default=None)
     if min_cleaned is not None:
         for n in list(swaps):
@@ -76,13 +95,8 @@ def clean_temp_files(directory: str) -> None:
             b = scan_batches(data, raise_on_corrupt=False).batches
             hi = max(hi, int(b["last_offset"][-1]) + 1 if len(b) else _base_offset(n))
         for n in os.listdir(directory):
-            if n.endswith(SWAP_SUFFIX) or not n[:1].isdigit():
-                continue
-            try:
-                if lo <= _base_offset(n) < hi:
-                    _remove(os.path.join(directory, n))
-            except ValueError:
-                continue
+            if not n.endswith(SWAP_SUFFIX) and _is_segment_file(n) and lo <= _base_offset(n) < hi:
+                _remove(os.path.join(directory, n))
     for n in swaps:
         p = os.path.join(directory, n)
         if os.path.exists(p):
@@ -93,17 +107,21 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
                   had_clean_shutdown: bool, log_start_offset: int) -> LoadResult:
     """Open (and where needed recover) every segment of a writable partition directory."""
     clean_temp_files(directory)
-    names = os.listdir(directory)
+    names = _segment_names(directory)
     logs = sorted(_base_offset(n) for n in names if n.endswith(LOG_SUFFIX))
     log_set = set(logs)
     for n in names:
-        if n.endswith(_INDEX_SUFFIXES) and n[:1].isdigit() and _base_offset(n) not in log_set:
+        if n.endswith(_INDEX_SUFFIXES) and _base_offset(n) not in log_set:
             _remove(os.path.join(directory, n))  # orphaned index
     result = LoadResult(segments=[])
     early_lost: dict[int, int] = {}
-    for base in logs:
+    # Phase 6 first: a legacy segment whose offsets overflow is split, never cut (REF §4.4).
+    segments = split_overflowed_segments([LogSegment(directory, base, config, clock)
+                                          for base in logs], config, clock)
+    names = _segment_names(directory) if len(segments) != len(logs) else names
+    for seg in segments:
+        base = seg.base_offset
         index_missing = not os.path.exists(os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}"))
-        seg = LogSegment(directory, base, config, clock)
         # Index files that exist are checked when first used (LogSegment loads them lazily and
         # rebuilds any that fail the check), so opening a large store touches no index. The
         # transaction index is the one Kafka checks here (phase 5); most segments have none.
@@ -151,7 +169,8 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
             s.delete_files()
         result.segments = []
     if not result.segments:
-        result.segments.append(LogSegment(directory, log_start_offset, config, clock))
+        result.segments.append(LogSegment(directory, log_start_offset, config, clock,
+                                          preallocate=config.preallocate))
     active = result.segments[-1]
     active.offset_index.resize(config.segment_index_bytes)
     active.time_index.resize(config.segment_index_bytes)

@@ -309,7 +309,7 @@ class LogSegment(SegmentIndexing):
         if len(batches) == 0:
             return
         last = int(batches["last_offset"][-1])
-        first = int(batches["base_offset"][0])
+        first = int(first_offsets(batches[:1])[0])  # a legacy wrapper's is its last offset
         if first - self.base_offset < 0 or last - self.base_offset > MAX_RELATIVE_OFFSET:
             raise InvalidOffsetError(
                 f"offsets {first}..{last} cannot be stored relative to segment base "
@@ -338,6 +338,8 @@ class LogSegment(SegmentIndexing):
         if self.size > self.config.segment_bytes - incoming_bytes:
             return True
         if self.size > 0:
+            if self.rolling_based_timestamp is None:
+                self._load_first_batch_timestamp()
             if self.rolling_based_timestamp is not None and self.rolling_based_timestamp >= 0:
                 waited = incoming_max_ts - self.rolling_based_timestamp
             else:
@@ -348,6 +350,16 @@ class LogSegment(SegmentIndexing):
             return True
         rel = incoming_last_offset - self.base_offset
         return rel < 0 or rel > MAX_RELATIVE_OFFSET
+
+    def _load_first_batch_timestamp(self) -> None:
+        # Kafka's loadFirstBatchTimestamp: a segment reopened with data rolls by the age of
+        # its first batch, not by the time it was opened.
+        try:
+            b = self.scan(0, max_batches=1).batches
+        except CorruptRecordError:
+            return  # the open time, then; the damage is the reads' and recovery's to report
+        if len(b):
+            self.rolling_based_timestamp = int(b["max_timestamp"][0])
 
     def on_become_inactive(self) -> None:
         """On roll: final time-index entry, trim both indexes and a preallocated log file."""
@@ -413,11 +425,9 @@ class LogSegment(SegmentIndexing):
         self.time_index.resize(self.config.segment_index_bytes)
         self.bytes_since_last_index_entry = 0
         self._max_ts = None
+        self.rolling_based_timestamp = None  # read from the first batch when needed
         if self.size == 0:
             self.created_ms = self.clock()
-            self.rolling_based_timestamp = None
-        else:
-            self.rolling_based_timestamp = int(self.scan(0, max_batches=1).batches["max_timestamp"][0])
         return removed
 
     def _rewrite_prefix(self, keep: int) -> None:

@@ -1,0 +1,129 @@
+"""Splitting a legacy segment whose offsets overflow its 32-bit relative range (Kafka's
+``LocalLog.splitOverflowedSegment``, REF §4.4, KAFKA-6264).
+
+Old Kafka versions could write a v0/v1 segment holding offsets more than 2^31 - 1 above its base
+offset, which no index entry can express. Kafka splits such a segment when it loads it; so does
+segstore: its batches are copied byte for byte into new segments, each based at the first offset
+of its first batch and taking batches while their last offsets fit, and the new segments replace
+the old one with the swap protocol (REF §2.2), so a crash leaves files the loader completes or
+rolls back. Nothing is lost.
+
+Only legacy batches are split: a v2 batch's base offset lies outside its CRC, and an offset that
+overflows there is a damaged field (recovery truncates it), never something Kafka wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import numpy as np
+
+from . import _core
+from .checkpoint import fsync_dir
+from .errors import CorruptRecordError
+from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, MAX_RELATIVE_OFFSET, SWAP_SUFFIX,
+                      LogSegment, first_offsets)
+
+log = logging.getLogger("segstore.segment_split")
+
+
+def may_overflow(base_offset: int, next_base: Optional[int]) -> bool:
+    """Whether a segment followed by one at ``next_base`` (None: the last) has room for
+    offsets past its relative range: only then are its batch headers read."""
+    return next_base is None or next_base - 1 - base_offset > MAX_RELATIVE_OFFSET
+
+
+def overflowed_legacy_batch(seg: LogSegment) -> Optional[int]:
+    """Index of the first legacy batch of ``seg`` whose last offset does not fit relative to
+    the base offset (the batches before it being in order), or None."""
+    if seg.size == 0:
+        return None
+    b = seg.scan(0, seg.size, raise_on_corrupt=False).batches
+    if not len(b):
+        return None
+    first, last = first_offsets(b), b["last_offset"]
+    ordered = np.ones(len(b), dtype=bool)
+    ordered[1:] = first[1:] > last[:-1]
+    over = (last - seg.base_offset > MAX_RELATIVE_OFFSET) & (b["magic"] < 2)
+    i = int(over.argmax())
+    if not over[i] or not ordered[:i + 1].all() or (first[:i] < seg.base_offset).any():
+        return None
+    return i
+
+
+def _first_offset(buf, batch) -> int:
+    # A legacy compressed wrapper carries its last inner offset; its first is inside.
+    if batch["base_offset"] >= 0:
+        return int(batch["base_offset"])
+    pos = int(batch["position"])
+    return _core.decode_records(buf, pos, pos + int(batch["size"]))[0].offset
+
+
+def split_overflowed_segment(seg: LogSegment, config, clock) -> list:
+    """Replace ``seg`` (closed by this call) by segments whose offsets fit; returns them."""
+    buf = seg.buffer(seg.size)
+    res = seg.scan(0, seg.size, validate_crc=True, raise_on_corrupt=False)
+    if res.error is not None or res.valid_end != seg.size:
+        # Only whole, CRC-valid files are split; recovery deals with damage.
+        raise res.error or CorruptRecordError(
+            f"{seg.log_path} ends with an incomplete batch", file=seg.log_path,
+            position=res.valid_end)
+    b = res.batches
+    valid_end = res.valid_end
+    mtime_ns = os.stat(seg.log_path).st_mtime_ns
+    new: list = []
+    try:
+        i = 0
+        while i < len(b):
+            base = _first_offset(buf, b[i])
+            beyond = np.flatnonzero(b["last_offset"][i + 1:] - base > MAX_RELATIVE_OFFSET)
+            j = i + 1 + int(beyond[0]) if len(beyond) else len(b)
+            part = b[i:j].copy()
+            start = int(part["position"][0])
+            end = int(part["position"][-1] + part["size"][-1])
+            part["position"] -= start
+            out = LogSegment(seg.directory, base, config, clock, suffix=CLEANED_SUFFIX)
+            new.append(out)
+            out.append(bytes(memoryview(buf)[start:end]), part)
+            out.on_become_inactive()
+            out.flush()
+            # Retention by time falls back on the file's age when batches carry no
+            # timestamps (magic 0): the copies keep the original's.
+            os.utime(out.log_path, ns=(mtime_ns, mtime_ns))
+            i = j
+        log.warning("split %s, whose offsets overflow its relative range, into %d segments "
+                    "(%d bytes)", seg.log_path, len(new), valid_end)
+        # The swap protocol (REF §2.2): new files become .swap (committed), the old segment
+        # .deleted and gone, then the new ones take their names.
+        for out in reversed(new):
+            out.change_file_suffixes(CLEANED_SUFFIX, SWAP_SUFFIX)
+        fsync_dir(seg.directory)
+    except BaseException:
+        for out in new:
+            if out.suffix == CLEANED_SUFFIX:
+                out.delete_files()
+        raise
+    seg.close()
+    seg.change_file_suffixes("", DELETED_SUFFIX)
+    seg.delete_files()
+    for out in new:
+        out.change_file_suffixes(SWAP_SUFFIX, "")
+    fsync_dir(seg.directory)
+    return new
+
+
+def split_overflowed_segments(segments: list, config, clock) -> list:
+    """``segments`` (sorted) with every overflowed legacy segment split."""
+    out = []
+    for k, seg in enumerate(segments):
+        nxt = segments[k + 1].base_offset if k + 1 < len(segments) else None
+        if may_overflow(seg.base_offset, nxt) and overflowed_legacy_batch(seg) is not None:
+            try:
+                out.extend(split_overflowed_segment(seg, config, clock))
+                continue
+            except CorruptRecordError as e:
+                log.warning("not splitting %s, whose offsets overflow: %s", seg.log_path, e)
+        out.append(seg)
+    return out
