@@ -92,6 +92,10 @@ def verify_segment(segment, size: int, next_base_offset: Optional[int] = None) -
                                     "offsets do not increase from the previous batch"))
         if int(first[0]) < segment.base_offset:
             problems.append(Problem(log_path, 0, "batch below the segment's base offset"))
+        over = np.nonzero(b["last_offset"] - segment.base_offset > MAX_RELATIVE_OFFSET)[0]
+        if len(over):  # a legacy segment a writable open would split (segment_split.py)
+            problems.append(Problem(log_path, int(b["position"][over[0]]),
+                                    "offsets past the segment's 32-bit relative range"))
         if next_base_offset is not None and int(b["last_offset"][-1]) >= next_base_offset:
             problems.append(Problem(log_path, int(b["position"][-1]),
                                     "batch reaches into the next segment's offsets"))

@@ -53,6 +53,13 @@ def overflowed_legacy_batch(seg: LogSegment) -> Optional[int]:
     return i
 
 
+def _starts_legacy(seg: LogSegment) -> bool:
+    if seg.size == 0:
+        return False
+    b = seg.scan(0, seg.size, max_batches=1, raise_on_corrupt=False).batches
+    return bool(len(b)) and int(b["magic"][0]) < 2
+
+
 def _first_offset(buf, batch) -> int:
     # A legacy compressed wrapper carries its last inner offset; its first is inside.
     if batch["base_offset"] >= 0:
@@ -119,6 +126,11 @@ def split_overflowed_segments(segments: list, config, clock) -> list:
     out = []
     for k, seg in enumerate(segments):
         nxt = segments[k + 1].base_offset if k + 1 < len(segments) else None
+        if nxt is None and not _starts_legacy(seg):
+            # The last segment's end is unknown, but one that starts with v2 batches holds no
+            # legacy ones (Kafka 3 cannot write them after v2): its headers are not walked twice.
+            out.append(seg)
+            continue
         if may_overflow(seg.base_offset, nxt) and overflowed_legacy_batch(seg) is not None:
             try:
                 out.extend(split_overflowed_segment(seg, config, clock))

@@ -461,3 +461,18 @@ def test_a_crash_during_the_split_loses_nothing(tmp_path, monkeypatch, crash_at)
         assert [(r.offset, r.value) for r in lg.iter_records()] == [
             (0, b"1"), (1, b"2"), (BIG, b"3"), (BIG + 1, b"4")]
         assert lg.verify() == []
+
+
+def test_verify_reports_an_overflowed_segment_a_reader_cannot_split(tmp_path):
+    """A read-only store splits nothing: verify() names the overflow."""
+    _legacy_overflow_dir(tmp_path, second_segment=True)
+    open(os.path.join(str(tmp_path), CLEAN), "w").close()
+    with segstore.open(str(tmp_path)) as s:  # writable: split, so nothing to report
+        assert s.partition("t", 0).verify() == []
+    _legacy_overflow_dir(tmp_path / "again", second_segment=True)
+    shutil.copytree(os.path.join(str(tmp_path), ".segstore"),
+                    os.path.join(str(tmp_path / "again"), ".segstore"))
+    with segstore.open(str(tmp_path / "again"), readonly=True) as r:
+        problems = r.partition("t", 0).verify()
+        assert [p.message for p in problems] == ["offsets past the segment's 32-bit relative range"]
+        assert problems[0].file.endswith(f"{0:020d}.log")
