@@ -141,10 +141,10 @@ cdef int _filter_batch(MapCore* m, FilterCore* fc, const BatchHeader* h, const u
     rebuilt[0] = False
     if mode != DELETE and out_cap - out_pos[0] < _room_needed(h, rend - rpos):
         return ST_OUTPUT_FULL
-    fc.messages_read += n
     fc.bytes_read += h.size
     if mode == DELETE:
-        return ST_OK
+        return ST_OK  # dropped whole: its records are not read (Kafka's filterTo neither)
+    fc.messages_read += n
     if n + 1 > fc.keep_cap:
         if _grow_scratch(fc, n + 1) != ST_OK:
             return ST_NO_MEMORY
@@ -357,6 +357,11 @@ cdef class BatchFilter:
 
     def reset_max_offset(self):
         self.fc.max_offset = -1
+
+    def recompressed(self, int64_t rebuilt_size, int64_t compressed_size) -> None:
+        """A batch ``filter_one`` rebuilt (``rebuilt_size`` bytes) was compressed by the caller
+        into ``compressed_size`` bytes: ``bytes_written`` counts what was written."""
+        self.fc.bytes_written += compressed_size - rebuilt_size
 
     def run(self, buf, Py_ssize_t start, Py_ssize_t end, out, Py_ssize_t out_pos,
             file=None):

@@ -12,7 +12,9 @@ import os
 
 from . import _core
 from .log_state import LogState as _State
-from .segment import LOG_SUFFIX, LogSegment
+from .segment import LOG_SUFFIX, SWAP_SUFFIX, LogSegment
+
+LISTING_ATTEMPTS = 5
 
 
 class ReadOnlyFollower:
@@ -27,36 +29,56 @@ class ReadOnlyFollower:
         fresh, self._fresh_crc = self._fresh_crc, None
         return fresh
 
+    def _open_listed(self, listing: list) -> list:
+        """The listed segments, opened (those of the last state reused while their files are
+        the same), ``.swap`` ones in place of the ``.log`` files they replace."""
+        prev = self._state.segments
+        old = {(s.base_offset, s.suffix): s for s in prev}
+        # When the listing is unchanged only the tail can have changed; otherwise (a roll,
+        # a deletion, a truncation) every segment is checked for a replaced file.
+        same_listing = [(s.base_offset, s.suffix) for s in prev] == listing
+        segs = []
+        for i, (b, suffix) in enumerate(listing):
+            s = old.get((b, suffix))
+            check = s is not None and (not same_listing or i == len(listing) - 1)
+            if check and _replaced(s):
+                s.close()  # truncated by the writer: a new file took the old one's name
+                s = None
+            if s is None:
+                try:
+                    s = LogSegment(self.directory, b, self.config, self.clock, readonly=True,
+                                   suffix=suffix)
+                except FileNotFoundError:
+                    continue  # deleted or renamed since the listing: listed again
+                s._ro_scan = (0, 0, None)  # (file length seen, valid end, next offset)
+            segs.append(s)
+        swaps = [s for s in segs if s.suffix == SWAP_SUFFIX]
+        if swaps:
+            lo = min(s.base_offset for s in swaps)
+            hi = max(s.read_next_offset() for s in swaps)
+            segs = [s for s in segs if s.suffix == SWAP_SUFFIX or not lo <= s.base_offset < hi]
+        return segs
+
     def _refresh(self) -> None:
         """Read-only logs re-list the directory: new segments, vanished ones, the tail."""
         if not self.readonly or self._closed:
             return
         with self._lock:
-            try:
-                names = os.listdir(self.directory)
-            except FileNotFoundError:
-                names = []
-            bases = sorted(int(n[:20]) for n in names
-                           if n.endswith(LOG_SUFFIX) and len(n) == 24 and n[:20].isdigit())
+            # A listing taken while the writer renames files (a swap, a deletion) can miss
+            # segments: the segments are opened, then the directory listed again, until both
+            # listings agree.
             prev = self._state.segments
-            old = {s.base_offset: s for s in prev}
-            # When the listing is unchanged only the tail can have changed; otherwise (a roll,
-            # a deletion, a truncation) every segment is checked for a replaced file.
-            same_listing = [s.base_offset for s in prev] == bases
-            segs = []
-            for i, b in enumerate(bases):
-                s = old.get(b)
-                check = s is not None and (not same_listing or i == len(bases) - 1)
-                if check and _replaced(s):
-                    s.close()  # truncated by the writer: a new file took the old one's name
-                    s = None
-                if s is None:
-                    try:
-                        s = LogSegment(self.directory, b, self.config, self.clock, readonly=True)
-                    except FileNotFoundError:
-                        continue  # deleted while we listed it
-                    s._ro_scan = (0, 0, None)  # (file length seen, valid end, next offset)
-                segs.append(s)
+            listing = _segment_files(self.directory)
+            for _ in range(LISTING_ATTEMPTS):
+                segs = self._open_listed(listing)
+                again = _segment_files(self.directory)
+                if again == listing:
+                    break
+                _close_unless_in(segs, prev)  # opened by this attempt
+                listing = again
+            # Vanished segments are closed: a read still using one starts over on this state.
+            _close_unless_in(prev, segs)
+            same_listing = [s.base_offset for s in prev] == [s.base_offset for s in segs]
             if not segs:
                 self._state = _State((), self._ro_start, self._ro_start)
                 return
@@ -88,6 +110,31 @@ class ReadOnlyFollower:
                 leo = max(leo, segs[-2].read_next_offset())
             start = max(self._ro_start, segs[0].base_offset)
             self._state = _State(tuple(segs), min(start, leo), leo)
+
+
+def _segment_files(directory: str) -> list:
+    """(base offset, suffix) of the directory's segment log files, sorted. A ``.log.swap`` is a
+    committed cleaned segment that has not yet taken its name (REF §2.2): it replaces every
+    ``.log`` whose base lies in its offset range, as the loader's phase 3 decides."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        if len(n) > 20 and n[:20].isdigit():
+            if n[20:] == LOG_SUFFIX:
+                out.append((int(n[:20]), ""))
+            elif n[20:] == LOG_SUFFIX + SWAP_SUFFIX:
+                out.append((int(n[:20]), SWAP_SUFFIX))
+    return sorted(out)
+
+
+def _close_unless_in(segments, kept) -> None:
+    ids = {id(s) for s in kept}
+    for s in segments:
+        if id(s) not in ids:
+            s.close()
 
 
 def _replaced(seg: LogSegment) -> bool:

@@ -517,6 +517,7 @@ class Cleaner(OffsetMapBuild):
                                       out, op, payload, file=source.log_path)
         if rebuilt and codec and op - start > 61:
             batch = _core.compress_batch_at(out, start, op - start, codec)
+            filt.recompressed(op - start, len(batch))
             # In place of the rebuilt batch (incompressible records can come out longer).
             op = self._room(dest, start, len(batch))
             self._out[op:op + len(batch)] = batch
