@@ -53,6 +53,10 @@ class Pruning:
         self.offset_end = end if self.offset_end is None else min(self.offset_end, end)
 
     def _lower_timestamp(self, ms: int) -> None:
+        if ms <= 0:
+            # Nothing to prune at or before the epoch, and offset_for_time reads -1, -2 and -3
+            # as Kafka's LATEST, EARLIEST and MAX_TIMESTAMP markers.
+            return
         self.timestamp_min_ms = ms if self.timestamp_min_ms is None else max(self.timestamp_min_ms, ms)
 
 

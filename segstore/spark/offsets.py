@@ -159,7 +159,9 @@ def check_range(tp, start: int, end: int, log_start: int, log_end: int,
         end = log_end
     if start > end:
         if fail_on_data_loss:
-            raise data_loss(f"{name}: starting offset {start} is past ending offset {end}")
+            raise data_loss(f"{name}: starting offset {start} is past ending offset {end}: the "
+                            f"startingOffsets/endingOffsets (or timestamp) options give an empty "
+                            f"range, or the log was truncated")
         return None
     return start, end
 

@@ -46,8 +46,9 @@ DEFAULT_LOCK_TIMEOUT_MS = 120_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's "15m"
 
 _DURATION = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
-_UNIT_MS = {"": 1, "ms": 1, "millis": 1, "s": 1000, "m": 60_000, "min": 60_000,
-            "h": 3_600_000, "d": 86_400_000}
+# Spark's JavaUtils.timeStringAsMs units, plus "millis"; microseconds round down as there.
+_UNIT_US = {"": 1000, "us": 1, "ms": 1000, "millis": 1000, "s": 1_000_000, "m": 60_000_000,
+            "min": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
 
 
 def canonical(key: str) -> str:
@@ -121,7 +122,10 @@ class ReadOptions:
                 _topic_name("subscribe", t)
             kw["subscribe"] = topics
         elif "subscribePattern" in opts:
-            pattern = opts["subscribePattern"]
+            pattern = opts["subscribePattern"].strip()  # Kafka's source trims it too
+            if not pattern:
+                raise InvalidOptionError("option 'subscribePattern' is empty: give a regular "
+                                         "expression of topic names")
             try:
                 re.compile(pattern)
             except re.error as e:
@@ -148,6 +152,11 @@ class ReadOptions:
         kw["max_records_per_partition"] = _positive(opts, "maxRecordsPerPartition")
         kw["max_offsets_per_trigger"] = _positive(opts, "maxOffsetsPerTrigger")
         kw["min_offsets_per_trigger"] = _positive(opts, "minOffsetsPerTrigger")
+        lo, hi = kw["min_offsets_per_trigger"], kw["max_offsets_per_trigger"]
+        if lo is not None and hi is not None and lo > hi:
+            raise InvalidOptionError(
+                f"option 'minOffsetsPerTrigger' ({lo}) is higher than 'maxOffsetsPerTrigger' "
+                f"({hi})")
         if "maxTriggerDelay" in opts:
             kw["max_trigger_delay_ms"] = duration_ms("maxTriggerDelay", opts["maxTriggerDelay"])
         return cls(**kw)
@@ -195,11 +204,11 @@ def normalize_location(location: str) -> str:
 def duration_ms(option: str, text: str) -> int:
     """Spark's time strings (``15m``, ``30s``, ``500ms``, ``2h``, a bare number = ms) in ms."""
     m = _DURATION.fullmatch(text.lower())
-    if not m or m.group(2) not in _UNIT_MS:
+    if not m or m.group(2) not in _UNIT_US:
         raise InvalidOptionError(
             f"option {option!r} must be a duration such as '15m', '30s', '500ms' or '1h', got "
             f"{text!r}")
-    return int(m.group(1)) * _UNIT_MS[m.group(2)]
+    return int(m.group(1)) * _UNIT_US[m.group(2)] // 1000
 
 
 # -- helpers --------------------------------------------------------------------------------

@@ -80,10 +80,8 @@ class SegstoreDataSource(DataSource):
         """A streaming writer that commits each micro-batch exactly once, even on replay."""
         from .writer import check_input_schema, check_topic, make_stream_writer
 
-        if overwrite:
-            raise InvalidOptionError(
-                "output mode 'complete' is not supported: a segstore topic is an append-only "
-                "log; use outputMode('append') or 'update'")
+        # overwrite: output mode 'complete'. Like Kafka's sink (whose truncate() does
+        # nothing), each micro-batch's whole result table is appended to the log.
         opts = WriteOptions.parse(self.options, streaming=True)
         layout = check_input_schema(schema, opts)
         check_topic(opts)

@@ -52,7 +52,8 @@ def check_input_schema(schema, opts: WriteOptions) -> InputLayout:
             "required attribute 'value' not found: the segstore sink writes a 'value' column "
             "(string or binary); input columns: " + ", ".join(schema.fieldNames()))
     key = column("key", (StringType, BinaryType), "a string or binary")
-    topic = column("topic", (StringType,), "a string")
+    # With the topic option set, a topic column is ignored whatever its type (Kafka's sink).
+    topic = column("topic", (StringType,), "a string") if opts.topic is None else None
     partition = column("partition", (IntegerType,), "an int")
     headers = by_name.get("headers")
     if headers is not None and headers.dataType.simpleString() != _HEADERS_TYPE:
@@ -64,7 +65,7 @@ def check_input_schema(schema, opts: WriteOptions) -> InputLayout:
             "topic option required when no 'topic' attribute is present: set "
             ".option('topic', ...) or add a string 'topic' column")
     return InputLayout(value=value, key=key, headers=headers.name if headers else None,
-                       topic=None if opts.topic is not None else topic, partition=partition)
+                       topic=topic, partition=partition)
 
 
 def check_topic(opts: WriteOptions) -> Optional[TopicInfo]:
