@@ -198,6 +198,10 @@ def encode_columns(
     ``bytes(data)`` for a copy that can be pickled.
     """
 
+def first_null_key(buf: Buffer, batches: np.ndarray, file: Optional[str] = None) -> Optional[int]:
+    """Index (counting the records of ``batches`` from 0) of the first data record whose key
+    is null, or None (a compacted topic refuses such records)."""
+
 def set_base_offset(buf: bytearray, position: int, base_offset: int,
                     partition_leader_epoch: Optional[int] = None) -> None:
     """Rewrite a v2 batch's baseOffset (and leader epoch) in place; neither is covered by the CRC."""

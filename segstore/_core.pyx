@@ -148,6 +148,7 @@ include "_offset_map.pxi"
 include "_map_merge.pxi"
 include "_map_build.pxi"
 include "_clean_filter.pxi"
+include "_keys.pxi"
 include "_spin_wait.pxi"
 
 _bind_crc32c()

@@ -54,7 +54,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import _core
+from . import _core, log_validator
 from .checkpoint import fsync_dir
 from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from .producer_state import has_producer_batches
@@ -110,7 +110,7 @@ class _Staged:
 
     __slots__ = ("path", "fd", "mm", "size", "dev", "batches", "base")
 
-    def __init__(self, path: str, config, validate_crc: bool):
+    def __init__(self, lg, path: str, config, validate_crc: bool):
         self.path = path
         self.mm: Optional[mmap.mmap] = None
         self.fd = os.open(path, os.O_RDWR)
@@ -124,6 +124,8 @@ class _Staged:
             # like those of every segment's read map.
             self.mm = read_map(self.fd, self.size)
             self.batches = _scan(self.mm, path, config, validate_crc)
+            if validate_crc:  # bytes the caller vouches for are not walked record by record
+                log_validator.check_encoded_keys(lg, self.mm, self.batches, path)
         except BaseException:
             self.close()
             raise
@@ -152,7 +154,7 @@ def adopt_files(lg, paths, validate_crc: bool = True) -> "AppendInfo":
     staged = []
     try:
         for path in paths:  # every file is checked before the log changes
-            staged.append(_Staged(path, config, validate_crc))
+            staged.append(_Staged(lg, path, config, validate_crc))
         _step("checked")
         dev = os.stat(lg.directory).st_dev
         infos = []

@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from . import _core, log_swap
+from . import _core, log_swap, log_validator
 from .checkpoint import fsync_dir
 from .columns import BinaryColumn
 from .compression import codec_id
@@ -180,6 +180,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         """Append records from Python lists as one batch (offsets assigned by the log)."""
         self._check_writable()
         check_producer_fields(producer_id, producer_epoch, base_sequence)
+        log_validator.check_keys(self, keys)
         codec = self._codec(compression)
         with self._lock:  # encoding at the log end offset: nothing to patch afterwards
             now = self.clock()
@@ -202,6 +203,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             raise InvalidRecordError("append_columns takes BinaryColumn values and keys")
         if len(values) == 0:
             raise InvalidRecordError("append_columns needs at least one record")
+        log_validator.check_key_column(self, keys)
         from .column_append import append_columns
         return append_columns(self, values, keys, timestamps_ms, records_per_batch,
                               self._codec(compression))
@@ -220,11 +222,14 @@ class PartitionLog(LogReads, ReadOnlyFollower):
                 stamp_log_append_time(data, now)
             return self._append_encoded(data, None, assigned=True)
 
-    def append_records(self, data) -> AppendInfo:
+    def append_records(self, data, *, validate_keys: bool = True) -> AppendInfo:
         """Append already-encoded v2 batches (e.g. staged by a Spark task).
 
         CRCs are validated; base offsets are rewritten to the log's next offsets (they are not
-        covered by the CRC); anything else is rejected.
+        covered by the CRC); anything else is rejected. A compacted topic refuses records
+        without a key, as Kafka's broker does; ``validate_keys=False`` takes them, as a Kafka
+        follower takes what its leader holds (data copied from a topic that was not compacted
+        when it was written; the cleaner removes them).
         """
         self._check_writable()
         buf = bytearray(data)
@@ -233,6 +238,8 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             raise InvalidRecordError("appended data ends with an incomplete batch")
         if len(res.batches) and (res.batches["magic"] != 2).any():
             raise InvalidRecordError("only record batch v2 (magic 2) can be appended")
+        if validate_keys:
+            log_validator.check_encoded_keys(self, buf, res.batches)
         return self._append_encoded(buf, res.batches)
 
     def adopt_segment_file(self, path: str) -> AppendInfo:

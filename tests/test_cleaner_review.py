@@ -18,6 +18,7 @@ import segstore
 from conftest import FakeClock
 from segstore import TopicPartition, _core, log_swap
 from segstore.records import ControlRecordType
+from keyless import append_batch_unvalidated
 
 T0 = 1_700_000_000_000
 TP = TopicPartition("t", 0)
@@ -348,7 +349,7 @@ def replay(root, cfg, ops):
                     kw = dict(producer_id=pid, producer_epoch=0, base_sequence=seq[pid],
                               is_transactional=(k == "txdata"))
                     seq[pid] += len(recs)
-                info = lg.append_batch([r[1] for r in recs], keys=[r[0] for r in recs],
+                info = append_batch_unvalidated(lg, [r[1] for r in recs], keys=[r[0] for r in recs],
                                        headers=[[("h", b"x")] if r[3] else [] for r in recs],
                                        timestamps_ms=[clock.now + r[2] for r in recs],
                                        compression=op[2] if k == "append" else None, **kw)

@@ -31,6 +31,7 @@ from segstore.cleaner.throttler import CHECK_INTERVAL_S
 from segstore.errors import (InvalidTopicError, ReadOnlyStoreError, SegstoreError,
                              UnknownTopicOrPartitionError)
 from segstore.log import PartitionLog
+from keyless import append_batch_unvalidated, append_unvalidated
 
 T0 = 1_700_000_000_000
 PER_SEG = 10
@@ -144,7 +145,7 @@ def test_two_threads_clean_two_partitions_while_others_append_and_read(stores, m
                 keys.append(k)
                 values.append(v)
                 i += 1
-            info = lg.append_batch(values, keys, timestamps_ms=[T0 + i] * batch)
+            info = append_batch_unvalidated(lg, values, keys, timestamps_ms=[T0 + i] * batch)
             for j in range(batch):
                 written[p][info.first_offset + j] = (keys[j], values[j])
 
@@ -455,7 +456,7 @@ def test_read_and_write_bytes_match_the_segments(stores):
     lg = s.partition("t", 0)
     fill(lg, 4, active=2)
     for i in range(5):
-        lg.append(b"nokey%d" % i, timestamp_ms=T0)
+        append_unvalidated(lg, b"nokey%d" % i, timestamp_ms=T0)
     lg.roll()
     before = disk_sizes(lg)
     (st,) = s.compact("t")
@@ -478,7 +479,7 @@ def test_kafka_summary_is_logged(stores, caplog):
     lg = s.partition("t", 0)
     fill(lg, 4, per_seg=300, keys=100)
     for i in range(7):
-        lg.append(b"nokey", timestamp_ms=T0)   # keyless: the WARN line
+        append_unvalidated(lg, b"nokey", timestamp_ms=T0)   # keyless: the WARN line
     lg.roll()
     caplog.set_level(logging.INFO, logger="segstore.cleaner")
     assert s.cleaner.try_clean_filthiest_log(0)

@@ -42,6 +42,7 @@ class TopicInfo:
     max_batch_bytes: int
     max_message_bytes: int
     codec: int
+    compact: bool = False  # keyless records refused, as Kafka's broker does
 
 
 def topic_info(store, topic: str) -> TopicInfo:
@@ -57,7 +58,17 @@ def topic_info(store, topic: str) -> TopicInfo:
 
     return TopicInfo(partitions=len(store.partitions_for(topic)),
                      max_batch_bytes=min(cfg.max_message_bytes, cfg.segment_bytes),
-                     max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec))
+                     max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec),
+                     compact=cfg.compact)
+
+
+def _check_keys(keys: Optional[BinaryColumn], rows, topic: str, partition: int) -> None:
+    """A compacted topic's rows all have keys (Kafka's broker refuses the others)."""
+    if keys is None or not bool((keys.valid if rows is None else keys.valid[rows]).all()):
+        raise InvalidRecordError(
+            f"Compacted topic cannot accept message without key in topic partition "
+            f"{topic}-{partition}: write a non-null 'key' column (the log cleaner would delete "
+            f"keyless records)")
 
 
 def binary_column(arr) -> BinaryColumn:
@@ -220,6 +231,8 @@ class BatchRouter:
             topic, partition = topics[g // width], g % width
             info = self.info(topic)
             rows = None if order is None else order[a:b]
+            if info.compact:
+                _check_keys(keys, rows, topic, partition)
             if headers_arr is None:
                 data = self._encode_columns(values, keys, rows, now, info, topic)
             else:

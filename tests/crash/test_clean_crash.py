@@ -46,6 +46,7 @@ from segstore.cleaner.cleaner import Cleaner
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import child_cleaner as cc  # noqa: E402
+from keyless import append_unvalidated  # noqa: E402
 
 T0 = 1_700_000_000_000
 NOW = T0 + 5_000
@@ -73,7 +74,7 @@ def build(root: str, layout: str) -> None:
         r = rng.random()
         key = None if r < 0.08 else b"k%d" % rng.randrange(8)
         value = None if (key is not None and r > 0.9) else b"v%03d" % i * rng.randint(1, 6)
-        lg.append(value, key=key, timestamp_ms=T0 + i)
+        append_unvalidated(lg, value, key=key, timestamp_ms=T0 + i)
         if i % 10 == 9:
             lg.roll()
     assert [sg.base_offset for sg in lg.segments] == [0, 10, 20, 30, 40, 50, 60]

@@ -713,3 +713,19 @@ def test_tasks_use_the_planning_topic_info_without_opening_the_store(root, monke
         writer.SegstoreWriter(opts, InputLayout(value="value", key="key"), info).write(
             iter([batch]))
     assert not os.path.exists(root)
+
+
+def test_a_compacted_topic_refuses_keyless_rows(spark, tmp_path):
+    """Kafka's broker refuses records without a key for a compacted topic; so does the sink,
+    in the task, and the failed job appends nothing."""
+    root = str(tmp_path / "c")
+    with segstore.open(root) as store:
+        store.create_topic("c", 2, {"cleanup.policy": "compact"})
+    rows = spark.createDataFrame([("a", "1"), (None, "2"), ("b", "3")], "key string, value string")
+    with pytest.raises(Exception, match="Compacted topic cannot accept message without key"):
+        save(rows, root, topic="c")
+    with pytest.raises(Exception, match="Compacted topic cannot accept message without key"):
+        save(spark.createDataFrame([("1",)], "value string"), root, topic="c")
+    assert end_offsets(root, "c") == {0: 0, 1: 0}
+    save(rows.where(F.col("key").isNotNull()), root, topic="c")
+    assert sum(end_offsets(root, "c").values()) == 2
