@@ -98,6 +98,8 @@ class LogSegment(SegmentIndexing):
         self.rolling_based_timestamp: Optional[int] = None
         self.bytes_since_last_index_entry = 0
         self._max_ts: Optional[tuple[int, int]] = None  # (max timestamp, its batch's last offset)
+        # When this session last wrote it, by the store's clock (the file's mtime otherwise).
+        self._modified_ms: Optional[int] = None
         self._dirty = False  # written this session: its final time-index entry is due on close
         self._unsynced = False  # written since the last flush: released files are synced first
         jitter = min(config.segment_jitter_ms, config.segment_ms)
@@ -285,7 +287,10 @@ class LogSegment(SegmentIndexing):
 
     @property
     def last_modified_ms(self) -> int:
-        """The log file's mtime in milliseconds."""
+        """When the segment was last written, by the store's clock if this session wrote it,
+        else its log file's mtime (which a roll, a close and a cleaning set by that clock)."""
+        if self._modified_ms is not None:
+            return self._modified_ms
         fd = self._fd_value
         st = os.fstat(fd) if fd is not None else os.stat(self.log_path)
         return int(st.st_mtime * 1000)
@@ -318,6 +323,7 @@ class LogSegment(SegmentIndexing):
         if self.size == 0:
             self.rolling_based_timestamp = int(batches["max_timestamp"][0])
         self._dirty = self._unsynced = True
+        self._modified_ms = self.clock()
         written = os.pwrite(self._fd, data, position)
         if written != len(data):
             raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
@@ -375,6 +381,26 @@ class LogSegment(SegmentIndexing):
         self.time_index.trim_to_valid_size()
         self._trim_log_file()
         self._unsynced = True  # the trims change the files' lengths
+        self._date_files()
+
+    def set_last_modified(self, ms: int) -> None:
+        """Date the segment (Kafka's ``lastModified_=``): its files' mtimes and
+        :attr:`last_modified_ms`, which retention and the cleaner's legacy horizon read."""
+        self._modified_ms = int(ms)
+        self._date_files()
+
+    def _date_files(self) -> None:
+        # Retention falls back on the mtime when no record has a timestamp: files written by
+        # this session carry the store's clock, so an injected clock governs them after a
+        # reopen too.
+        if self._modified_ms is None or self.readonly:
+            return
+        ns = self._modified_ms * 1_000_000
+        for path in (self.log_path, *self._index_paths):
+            try:
+                os.utime(path, ns=(ns, ns))
+            except FileNotFoundError:
+                pass
 
     def _trim_log_file(self) -> None:
         # A preallocated file is cut to its logical size (a reopen takes the length as size).
@@ -533,6 +559,7 @@ class LogSegment(SegmentIndexing):
             self._offset_index = self._time_index = None
         if self._txn_index is not None:
             self._txn_index.close()
+        self._date_files()  # after the trims, which set the real time
         self._gone = True
         self._mm = None
         if self._fd_value is not None:

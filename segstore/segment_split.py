@@ -15,7 +15,6 @@ overflows there is a damaged field (recovery truncates it), never something Kafk
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import numpy as np
@@ -79,7 +78,7 @@ def split_overflowed_segment(seg: LogSegment, config, clock) -> list:
             position=res.valid_end)
     b = res.batches
     valid_end = res.valid_end
-    mtime_ns = os.stat(seg.log_path).st_mtime_ns
+    modified_ms = seg.last_modified_ms
     new: list = []
     try:
         i = 0
@@ -95,10 +94,10 @@ def split_overflowed_segment(seg: LogSegment, config, clock) -> list:
             new.append(out)
             out.append(bytes(memoryview(buf)[start:end]), part)
             out.on_become_inactive()
-            out.flush()
             # Retention by time falls back on the file's age when batches carry no
             # timestamps (magic 0): the copies keep the original's.
-            os.utime(out.log_path, ns=(mtime_ns, mtime_ns))
+            out.set_last_modified(modified_ms)
+            out.flush()
             i = j
         log.warning("split %s, whose offsets overflow its relative range, into %d segments "
                     "(%d bytes)", seg.log_path, len(new), valid_end)

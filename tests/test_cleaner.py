@@ -1191,8 +1191,7 @@ def test_legacy_tombstones_follow_the_segment_mtime_rule(root, clock):
     assert [s.base_offset for s in lg.segments] == [0, 3, 4]
     lg.roll()
     seg0, seg3 = lg.segments[:2]
-    old = seg3.last_modified_ms / 1000 - dr / 1000 - 5
-    os.utime(seg0.log_path, (old, old))
+    seg0.set_last_modified(seg3.last_modified_ms - dr - 5000)
     st.compact("t", 0, force=True)
     assert records(lg) == [(2, b"y", b"b"), (3, b"v", None), (4, b"w", b"d")]
 

@@ -210,7 +210,10 @@ def model_round(segs, checkpoint, now, *, capacity, lag, dr, lso, leo, log_start
     latest = -1
     full = False
     dirty = seg_range(segs, fd, fu)
-    mtr = Tracker([t for t in aborted])
+    # Kafka reads the dirty section with the aborted transactions whose marker lies in it
+    # (collectAbortedTransactions from the dirty start): one aborted before it is not open
+    # there, and a later batch of the same producer is not part of it.
+    mtr = Tracker([t for t in aborted if t[2] >= fd])
     map_msgs = 0
     for i, (base, _, bs) in enumerate(dirty):
         nxt = dirty[i + 1][0] if i + 1 < len(dirty) else fu

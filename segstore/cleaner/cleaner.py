@@ -371,11 +371,7 @@ class Cleaner(OffsetMapBuild):
         segment (the retention of a cleaned segment goes by it). Deleted on an error."""
         try:
             syncs.wait()
-            mtime = group[-1].last_modified_ms / 1000.0
-            for path in segment_paths(cleaned.directory, cleaned.base_offset,
-                                      CLEANED_SUFFIX).values():
-                if os.path.exists(path):
-                    os.utime(path, (mtime, mtime))
+            cleaned.set_last_modified(group[-1].last_modified_ms)
         except BaseException:
             discard((cleaned,))
             raise
