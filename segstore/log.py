@@ -22,7 +22,7 @@ from .errors import (InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeErr
                      offset_argument)
 from .flusher import PendingFlush
 from .loader import load_segments
-from .producer_state import (ProducerStateManager, check_producer_fields, load_producer_state,
+from .producer_state import (ProducerStateManager, check_marker_fields, check_producer_fields, load_producer_state,
                              stamp_log_append_time)
 from .records import RecordMetadata, TopicPartition
 from .log_follower import ReadOnlyFollower
@@ -44,6 +44,9 @@ class AppendInfo(NamedTuple):
     size_bytes: int
 
 
+
+
+APPEND_ORIGINS = ("client", "coordinator", "replication")  # Kafka's AppendOrigin
 
 
 class PartitionLog(LogReads, ReadOnlyFollower):
@@ -179,7 +182,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
                      base_sequence: int = -1, is_transactional: bool = False) -> AppendInfo:
         """Append records from Python lists as one batch (offsets assigned by the log)."""
         self._check_writable()
-        check_producer_fields(producer_id, producer_epoch, base_sequence)
+        check_producer_fields(producer_id, producer_epoch, base_sequence, is_transactional)
         log_validator.check_keys(self, keys)
         codec = self._codec(compression)
         with self._lock:  # encoding at the log end offset: nothing to patch afterwards
@@ -212,6 +215,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
                        coordinator_epoch: int = 0) -> AppendInfo:
         """Append a transaction marker (ControlRecordType.COMMIT or ABORT)."""
         self._check_writable()
+        check_marker_fields(control_type, producer_id, producer_epoch, coordinator_epoch)
         with self._lock:  # encoded at the log end offset, stamped in place (not re-encoded)
             now = self.clock()
             data = bytearray(_core.encode_control_batch(
@@ -222,15 +226,20 @@ class PartitionLog(LogReads, ReadOnlyFollower):
                 stamp_log_append_time(data, now)
             return self._append_encoded(data, None, assigned=True)
 
-    def append_records(self, data, *, validate_keys: bool = True) -> AppendInfo:
+    def append_records(self, data, *, origin: str = "client") -> AppendInfo:
         """Append already-encoded v2 batches (e.g. staged by a Spark task).
 
         CRCs are validated; base offsets are rewritten to the log's next offsets (they are not
-        covered by the CRC); anything else is rejected. A compacted topic refuses records
-        without a key, as Kafka's broker does; ``validate_keys=False`` takes them, as a Kafka
-        follower takes what its leader holds (data copied from a topic that was not compacted
-        when it was written; the cleaner removes them).
+        covered by the CRC); anything else is rejected. ``origin`` is Kafka's AppendOrigin:
+        ``"client"`` (a producer's batches: a compacted topic refuses records without a key,
+        sequences are checked and a retried batch is written once), ``"coordinator"`` (keys
+        checked, sequences not: Kafka's coordinators start every transaction at sequence 0) or
+        ``"replication"`` (taken as a follower takes what its leader holds: data copied from a
+        log that was not compacted when it was written; the cleaner removes keyless records).
         """
+        if origin not in APPEND_ORIGINS:
+            raise InvalidRecordError(f"origin must be one of {', '.join(APPEND_ORIGINS)}, got "
+                                     f"{origin!r}")
         self._check_writable()
         buf = bytearray(data)
         res = _core.scan_batches(buf, validate_crc=True)
@@ -238,9 +247,9 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             raise InvalidRecordError("appended data ends with an incomplete batch")
         if len(res.batches) and (res.batches["magic"] != 2).any():
             raise InvalidRecordError("only record batch v2 (magic 2) can be appended")
-        if validate_keys:
+        if origin != "replication":
             log_validator.check_encoded_keys(self, buf, res.batches)
-        return self._append_encoded(buf, res.batches)
+        return self._append_encoded(buf, res.batches, origin=origin)
 
     def adopt_segment_file(self, path: str) -> AppendInfo:
         """Make a file of whole v2 batches a new segment at the log end offset, without
@@ -277,7 +286,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         return codec_id(compression)
 
     def _append_encoded(self, buf, batches: Optional[np.ndarray] = None,
-                        assigned: bool = False) -> AppendInfo:
+                        assigned: bool = False, origin: str = "client") -> AppendInfo:
         """Write encoded batches; ``assigned`` means they were encoded at the log end offset
         (under the lock) with LogAppendTime already stamped, so nothing is rewritten."""
         if batches is None:
@@ -298,12 +307,15 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         log_append = self.config.message_timestamp_type == "LogAppendTime"
         with self._lock:
             self._check_writable()
+            dup = self.producer_state.find_duplicate(batches) if origin == "client" else None
+            if dup is not None:  # a retried batch: its first append's offsets, nothing written
+                return AppendInfo(dup[0], dup[1], dup[2], int(batches["records_count"][0]), 0)
             now = self.clock()
             leo = self._state.log_end_offset
             if assigned and int(batches["base_offset"][0]) != leo:
                 raise AssertionError("batches were encoded at another offset than the log end")
             if assigned and len(batches) == 1:
-                info = self._append_one_locked(buf, batches, now)
+                info = self._append_one_locked(buf, batches, now, origin)
                 if info is not None:
                     return info
             if not assigned:
@@ -317,7 +329,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
                 batches["last_offset"] = new_base + deltas
                 if log_append:
                     buf, batches = self._stamp_log_append_time(buf, batches, now)
-            self.producer_state.validate(buf, batches)  # fenced epochs, transaction state
+            self._validate_producers(buf, batches, origin)
             first = int(batches["base_offset"][0])
             last = int(batches["last_offset"][-1])
             i, n = 0, len(batches)
@@ -358,7 +370,13 @@ class PartitionLog(LogReads, ReadOnlyFollower):
         return AppendInfo(first, last, int(batches["max_timestamp"].max()),
                           int(batches["records_count"].sum()), len(buf))
 
-    def _append_one_locked(self, buf, batches, now: int) -> Optional[AppendInfo]:
+    def _validate_producers(self, buf, batches, origin: str) -> None:
+        # Fenced epochs, transaction state, and for a client's batches their sequences; a
+        # follower's batches are taken as they are.
+        if origin != "replication":
+            self.producer_state.validate(buf, batches, check_sequences=origin == "client")
+
+    def _append_one_locked(self, buf, batches, now: int, origin: str) -> Optional[AppendInfo]:
         """The common case of one batch, encoded at the log end, that fits the active segment,
         with scalar arithmetic (the general loop's numpy calls cost more than the write).
         None when a roll is due: the caller's general path then handles it."""
@@ -373,7 +391,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
                 or min(oi.max_entries - oi.entries, ti.max_entries - 1 - ti.entries) < 1
                 or seg.should_roll(size, max_ts, last, self._max_segment_ms(), now)):
             return None
-        self.producer_state.validate(buf, batches)  # fenced epochs, transaction state
+        self._validate_producers(buf, batches, origin)
         seg.append(buf, batches)
         self.producer_state.update(buf, batches, seg)
         self._state = _State(self._state.segments, self._state.log_start_offset, last + 1)

@@ -80,13 +80,17 @@ class LogReads:
             return []
         out: list = []
         budget = max_bytes
-        for seg in self._segments_from(st, offset):
+        segs = self._segments_from(st, offset)
+        i = 0
+        while i < len(segs):
+            seg = segs[i]
             if end_offset is not None and seg.base_offset >= end_offset:
                 break
             left = None if max_records is None else max_records - len(out)
             rng = segment_reads.read_range(seg, offset, budget, min_one_message=not out,
                                            end_offset=end_offset, max_records=left)
             if rng is None:
+                i += 1
                 continue
             buf, start, end, damage = rng
             last = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
@@ -96,11 +100,22 @@ class LogReads:
             out.extend(recs)
             if damage is not None and (left is None or len(recs) < left):
                 raise damage  # the range stopped short of a damaged batch it needs
+            if not out:
+                # Only markers (or nothing at or past ``offset``) so far: the read goes on past
+                # them, as a consumer moves its position past a marker batch, so that [] still
+                # means the log end (a small max_bytes spent on a marker returned [] before).
+                batches = _core.scan_batches(buf, start, end).batches
+                past = int(batches["last_offset"][-1]) + 1 if len(batches) else offset
+                if past > offset:
+                    offset = past
+                    continue  # the same segment, from the batch after them
+                i += 1
+                continue
             budget -= end - start
             if budget <= 0 or (max_records is not None and len(out) >= max_records):
                 break
-            if recs:
-                offset = recs[-1].offset + 1
+            offset = recs[-1].offset + 1 if recs else offset
+            i += 1
         return out
 
     @_on_current_state

@@ -176,21 +176,26 @@ class ProducerStateManager:
         others = [first for first, pid in self._ongoing.items() if pid != txn.producer_id]
         return min(others) if others else txn.last_offset + 1
 
-    def validate(self, buf, batches: np.ndarray) -> None:
+    def validate(self, buf, batches: np.ndarray, check_sequences: bool = True) -> None:
         """Reject an append Kafka's leader would reject (before anything is written): a batch
         of an older producer epoch (fenced), a non-transactional batch while the producer's
         transaction is open, a marker of an older coordinator epoch or of no marker type.
-        Duplicate sequences are not checked."""
+        Sequences are checked as Kafka's leader checks a client's (ProducerAppendInfo.
+        checkSequence): a data batch needs one, a new epoch starts at 0, and within an epoch
+        each batch follows the last; an unknown producer may start anywhere. A retried batch
+        is found first by :meth:`find_duplicate`."""
         rows = _producer_rows(batches)
         if rows is None:
             return
-        seen: dict[int, tuple[int, int, bool]] = {}  # pid -> (epoch, coordinator epoch, open txn)
+        # pid -> (epoch, coordinator epoch, open txn, last sequence)
+        seen: dict[int, tuple[int, int, bool, int]] = {}
         for b in rows:
             pid, epoch = int(b["producer_id"]), int(b["producer_epoch"])
             cur = self._producers.get(pid)
             state = seen.get(pid) or ((cur.producer_epoch, cur.coordinator_epoch,
-                                       cur.current_txn_first_offset >= 0) if cur else (-1, -1, False))
-            cur_epoch, coord_epoch, open_txn = state
+                                       cur.current_txn_first_offset >= 0, cur.last_sequence)
+                                      if cur else (-1, -1, False, -1))
+            cur_epoch, coord_epoch, open_txn, last_seq = state
             if epoch < cur_epoch:
                 raise InvalidRecordError(
                     f"producer {pid} is fenced: epoch {epoch} is older than its current epoch "
@@ -206,13 +211,44 @@ class ProducerStateManager:
                     raise InvalidRecordError(
                         f"transaction marker of producer {pid} has coordinator epoch "
                         f"{marker.coordinator_epoch}, older than {coord_epoch}")
-                seen[pid] = (epoch, marker.coordinator_epoch, False)
+                seen[pid] = (epoch, marker.coordinator_epoch, False,
+                             last_seq if epoch == cur_epoch else -1)
             else:
                 transactional = bool(int(b["attributes"]) & _ATTR_TRANSACTIONAL)
                 if open_txn and not transactional:
                     raise InvalidRecordError(
                         f"non-transactional batch of producer {pid} while its transaction is open")
-                seen[pid] = (epoch, coord_epoch, open_txn or transactional)
+                base_seq = int(b["base_sequence"])
+                if check_sequences:
+                    _check_sequence(pid, epoch, base_seq, cur_epoch, last_seq)
+                seen[pid] = (epoch, coord_epoch, open_txn or transactional,
+                             increment_sequence(base_seq, int(b["last_offset_delta"])))
+
+    def find_duplicate(self, batches: np.ndarray) -> Optional[tuple[int, int, int]]:
+        """Kafka's findDuplicateBatch: when an append is a data batch its producer already
+        wrote (same epoch and sequences as its last batch: a retry after a lost
+        acknowledgement), ``(first offset, last offset, max timestamp)`` it got then, and
+        nothing is written; None otherwise. Only the last batch of each producer is known
+        (Kafka keeps five in memory, one in its snapshots)."""
+        rows = _producer_rows(batches)
+        if rows is None:
+            return None
+        for b in rows:
+            if int(b["attributes"]) & _ATTR_CONTROL:
+                continue
+            e = self._producers.get(int(b["producer_id"]))
+            delta = int(b["last_offset_delta"])
+            if (e is None or e.last_data_offset < 0 or e.last_sequence < 0
+                    or int(b["producer_epoch"]) != e.producer_epoch
+                    or delta != e.last_offset_delta
+                    or increment_sequence(int(b["base_sequence"]), delta) != e.last_sequence):
+                continue
+            if len(batches) != 1:
+                raise InvalidRecordError(
+                    f"a batch producer {e.producer_id} already wrote (sequences up to "
+                    f"{e.last_sequence}) is retried together with other batches")
+            return e.last_data_offset - delta, e.last_data_offset, e.last_timestamp
+        return None
 
     def update(self, buf, batches: np.ndarray, segment=None) -> list[AbortedTxn]:
         """Replay batches (headers as scanned from ``buf``) in order. Aborted transactions that
@@ -445,7 +481,23 @@ def stamp_log_append_time(batch: bytearray, now: int) -> bytearray:
 
 __all__ = ["AbortedTxn", "CompletedTxn", "ProducerStateEntry", "ProducerStateManager",
            "load_producer_state", "snapshot_path", "list_snapshots", "delete_snapshots",
-           "increment_sequence", "stamp_log_append_time"]
+           "increment_sequence", "stamp_log_append_time", "check_producer_fields",
+           "check_marker_fields", "in_sequence"]
+
+
+def _check_sequence(pid: int, epoch: int, base_seq: int, cur_epoch: int, last_seq: int) -> None:
+    if base_seq < 0:
+        raise InvalidRecordError(f"invalid sequence number {base_seq} in a batch of producer "
+                                 f"{pid}: an idempotent batch needs one")
+    if epoch != cur_epoch:
+        if base_seq != 0 and cur_epoch != -1:
+            raise InvalidRecordError(
+                f"out of order sequence number for producer {pid}: epoch {epoch} is new, its "
+                f"first batch must have sequence 0, not {base_seq}")
+    elif not in_sequence(last_seq, base_seq):
+        raise InvalidRecordError(
+            f"out of order sequence number for producer {pid} at epoch {epoch}: {base_seq} "
+            f"does not follow {last_seq}")
 
 
 def has_producer_batches(batches: np.ndarray) -> bool:
@@ -454,14 +506,50 @@ def has_producer_batches(batches: np.ndarray) -> bool:
     return rows is not None and len(rows) > 0
 
 
-def check_producer_fields(producer_id, producer_epoch, base_sequence) -> None:
-    """A batch's producer fields as Kafka's header holds them (int64, int16, int32), or
+def check_producer_fields(producer_id, producer_epoch, base_sequence,
+                          is_transactional=False, control: bool = False) -> None:
+    """A batch's producer fields as Kafka's header holds them (int64, int16, int32) and as its
+    record builder allows them (MemoryRecordsBuilder.validateProducerState), or
     InvalidRecordError naming the field."""
     if type(producer_id) is type(producer_epoch) is type(base_sequence) is int \
-            and producer_id == producer_epoch == base_sequence == -1:
+            and producer_id == producer_epoch == base_sequence == -1 \
+            and not is_transactional and not control:
         return  # the defaults: no producer (every plain append)
     for name, value, bits in (("producer_id", producer_id, 64),
                               ("producer_epoch", producer_epoch, 16),
                               ("base_sequence", base_sequence, 32)):
         if not is_int(value) or not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
             raise InvalidRecordError(f"{name} must be an int of {bits} signed bits, got {value!r}")
+    if producer_id < -1:
+        raise InvalidRecordError(f"producer_id must be -1 (none) or a producer id >= 0, got "
+                                 f"{producer_id}")
+    if producer_id == -1:
+        if is_transactional or control:
+            raise InvalidRecordError("a transactional batch or marker needs a producer_id >= 0")
+        return
+    if producer_epoch < 0:
+        raise InvalidRecordError(f"producer {producer_id} needs a producer_epoch >= 0, got "
+                                 f"{producer_epoch}")
+    if base_sequence < 0 and not control:
+        raise InvalidRecordError(f"producer {producer_id} needs a base_sequence >= 0, got "
+                                 f"{base_sequence}")
+
+
+def check_marker_fields(control_type, producer_id, producer_epoch, coordinator_epoch) -> None:
+    """``append_control``'s arguments, or InvalidRecordError naming the bad one (Kafka: "End
+    transaction marker requires a valid producerId")."""
+    if not is_int(control_type) or control_type not in (ControlRecordType.ABORT,
+                                                        ControlRecordType.COMMIT):
+        raise InvalidRecordError(f"control_type must be ControlRecordType.ABORT (0) or COMMIT "
+                                 f"(1), got {control_type!r}")
+    if not is_int(coordinator_epoch) or not -(1 << 31) <= coordinator_epoch < 1 << 31:
+        raise InvalidRecordError(f"coordinator_epoch must be an int of 32 signed bits, got "
+                                 f"{coordinator_epoch!r}")
+    check_producer_fields(producer_id, producer_epoch, -1, control=True)
+
+
+def in_sequence(last_sequence: int, next_sequence: int) -> bool:
+    """Kafka's ProducerStateEntry.inSequence: the next batch follows ``last_sequence``
+    (wrapping from 2^31-1 to 0)."""
+    return next_sequence == last_sequence + 1 or (next_sequence == 0
+                                                  and last_sequence == _INT32_MAX)

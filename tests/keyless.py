@@ -2,7 +2,7 @@
 
 A compacted topic refuses records without a key (Kafka's LogValidator), so the tests write them
 the way Kafka's own cleaner tests do, as a follower would: encoded, then appended without the
-key check (``append_records(validate_keys=False)``).
+key check (``append_records(origin="replication")``).
 """
 
 from segstore import _core
@@ -15,7 +15,7 @@ def append_batch_unvalidated(lg, values, keys=None, headers=None, timestamps_ms=
                               lg.clock() if timestamps_ms is None else timestamps_ms,
                               compression=compression or 0, partition_leader_epoch=0,
                               **producer)
-    return lg.append_records(data, validate_keys=False)
+    return lg.append_records(data, origin="replication")
 
 
 def append_unvalidated(lg, value, key=None, headers=None, timestamp_ms=None):

@@ -1509,13 +1509,20 @@ ABORT_MARKER_LATER_BUG = (
 class Producer:
     """Kafka's newProducerAppender: batches of int keys (key = value = str(k)) with sequences."""
 
-    def __init__(self, lg, pid, epoch=0, transactional=True, sequence=0):
+    def __init__(self, lg, pid, epoch=0, transactional=True, sequence=0, origin="client"):
         self.lg, self.pid, self.epoch, self.txn, self.seq = lg, pid, epoch, transactional, sequence
+        self.origin = origin  # Kafka's AppendOrigin: only a client's sequences are checked
 
     def __call__(self, keys):
-        info = self.lg.append_batch([kv(k) for k in keys], keys=[kv(k) for k in keys],
-                                    producer_id=self.pid, producer_epoch=self.epoch,
-                                    base_sequence=self.seq, is_transactional=self.txn)
+        fields = dict(producer_id=self.pid, producer_epoch=self.epoch, base_sequence=self.seq,
+                      is_transactional=self.txn)
+        if self.origin == "client":
+            info = self.lg.append_batch([kv(k) for k in keys], keys=[kv(k) for k in keys],
+                                        **fields)
+        else:
+            data = _core.encode_batch([kv(k) for k in keys], [kv(k) for k in keys],
+                                      timestamps_ms=self.lg.clock(), **fields)
+            info = self.lg.append_records(data, origin=self.origin)
         self.seq += len(keys)
         return info
 
@@ -1917,9 +1924,9 @@ def test_empty_batch_removal_with_sequence_reuse(root, clock):
     """#34, Kafka's testEmptyBatchRemovalWithSequenceReuse: the group coordinator starts every
     transaction at sequence 0."""
     st, lg = txn_store(root, clock)
-    Producer(lg, 1, sequence=0)([1])
+    Producer(lg, 1, sequence=0, origin="coordinator")([1])
     commit(lg, 1)
-    Producer(lg, 1, sequence=0)([2])
+    Producer(lg, 1, sequence=0, origin="coordinator")([2])
     commit(lg, 1)
     lg.append_batch([b"1"], keys=[b"1"])
     lg.append_batch([b"1"], keys=[b"2"])

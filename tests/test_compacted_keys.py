@@ -59,7 +59,7 @@ def test_tombstones_and_keyed_records_are_taken(log):
 def test_unvalidated_raw_appends_take_keyless_records_for_the_cleaner(log):
     """A follower's path (data copied from where the topic was not compacted): taken as is,
     and the cleaner removes the keyless records (counted as invalid)."""
-    log.append_records(_core.encode_batch([b"a", b"b"], [None, b"k"]), validate_keys=False)
+    log.append_records(_core.encode_batch([b"a", b"b"], [None, b"k"]), origin="replication")
     assert [r.key for r in log.iter_records()] == [b"k", None, b"k"]
 
 

@@ -183,11 +183,11 @@ def test_other_control_types_are_ignored_by_replay_and_rejected_on_append():
 
 def test_validate_rejects_what_kafkas_leader_rejects():
     psm = ProducerStateManager()
-    feed(psm, data(0, pid=1, epoch=3, txn=True), marker(1, COMMIT, 1, epoch=3, coord=5),
-         data(2, pid=2, epoch=0, txn=True))
+    feed(psm, data(0, pid=1, epoch=3, seq=0, txn=True), marker(1, COMMIT, 1, epoch=3, coord=5),
+         data(2, pid=2, epoch=0, seq=0, txn=True))
     before = psm.producers
-    check(psm, data(3, pid=1, epoch=3), data(4, pid=1, epoch=4, txn=True), data(5, pid=9, epoch=0),
-          data(6), marker(7, ABORT, 2, coord=0))
+    check(psm, data(3, pid=1, epoch=3, seq=1), data(4, pid=1, epoch=4, seq=0, txn=True),
+          data(5, pid=9, epoch=0, seq=7), data(6), marker(7, ABORT, 2, coord=0))
     with pytest.raises(InvalidRecordError, match="fenced"):
         check(psm, data(3, pid=1, epoch=2))
     with pytest.raises(InvalidRecordError, match="fenced"):
@@ -197,10 +197,18 @@ def test_validate_rejects_what_kafkas_leader_rejects():
     with pytest.raises(InvalidRecordError, match="transaction is open"):
         check(psm, data(3, pid=2, epoch=0))
     with pytest.raises(InvalidRecordError, match="transaction is open"):  # opened in the append
-        check(psm, data(3, pid=1, epoch=3, txn=True), data(4, pid=1, epoch=3))
+        check(psm, data(3, pid=1, epoch=3, seq=1, txn=True), data(4, pid=1, epoch=3, seq=2))
     with pytest.raises(InvalidRecordError, match="fenced"):  # bumped earlier in the append
-        check(psm, data(3, pid=9, epoch=5), data(4, pid=9, epoch=4))
-    check(psm, marker(3, COMMIT, 2), data(4, pid=2, epoch=0))  # closed first: fine
+        check(psm, data(3, pid=9, epoch=5, seq=0), data(4, pid=9, epoch=4, seq=0))
+    check(psm, marker(3, COMMIT, 2), data(4, pid=2, epoch=0, seq=1))  # closed first: fine
+    # Sequences (Kafka's checkSequence): one is needed, a new epoch starts at 0, and within
+    # an epoch each batch follows the last (pid 2 is at 0).
+    with pytest.raises(InvalidRecordError, match="invalid sequence number -1"):
+        check(psm, data(3, pid=9, epoch=0))
+    with pytest.raises(InvalidRecordError, match="epoch 1 is new"):
+        check(psm, marker(3, COMMIT, 2), data(4, pid=2, epoch=1, seq=3))
+    with pytest.raises(InvalidRecordError, match="2 does not follow 0"):
+        check(psm, marker(3, COMMIT, 2), data(4, pid=2, epoch=0, seq=2))
     assert psm.producers == before  # validation changes nothing
 
 

@@ -91,6 +91,7 @@ class Driver:
 
     def __init__(self, log, model=None):
         self.log, self.model = log, model or Model()
+        self.seq: dict[int, int] = {}  # each producer's next sequence, as a producer counts
 
     def plain(self, n=1):
         self.log.append_batch([b"p" * 20] * n)
@@ -98,12 +99,14 @@ class Driver:
 
     def txn(self, pid, n=1):
         self.log.append_batch([b"t%d" % pid] * n, producer_id=pid, producer_epoch=0,
-                              base_sequence=0, is_transactional=True)
+                              base_sequence=self.seq.get(pid, 0), is_transactional=True)
+        self.seq[pid] = self.seq.get(pid, 0) + n  # once the append took them
         self.model.data(pid, n, True)
 
     def idem(self, pid, n=1):
         self.log.append_batch([b"i%d" % pid] * n, producer_id=pid, producer_epoch=0,
-                              base_sequence=0)
+                              base_sequence=self.seq.get(pid, 0))
+        self.seq[pid] = self.seq.get(pid, 0) + n
         self.model.data(pid, n, False)
 
     def end(self, pid, abort):

@@ -159,6 +159,7 @@ def build(directory: str, name: str) -> Pristine:
     clock = Clock()
     lg = PartitionLog(directory, "t", 0, TopicConfig.from_dict(cfg), clock)
     batches = {}
+    seq77 = 0
     for i in range(70):
         clock.t += 7
         n = rng.choice((1, 1, 2, 3, 5))
@@ -169,8 +170,9 @@ def build(directory: str, name: str) -> Pristine:
         stamps = [T0 + i * 10 + rng.randrange(-5, 5) for _ in range(n)]
         kw = {}
         if txn and i in (30, 31):
-            kw = dict(producer_id=77, producer_epoch=1, base_sequence=i - 30,
+            kw = dict(producer_id=77, producer_epoch=1, base_sequence=seq77,
                       is_transactional=True)
+            seq77 += n
         info = lg.append_batch(values, keys, headers, stamps,
                                compression=rng.choice(codecs), **kw)
         batches[info.first_offset] = [(info.first_offset + j, stamps[j], keys[j], values[j],
