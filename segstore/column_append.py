@@ -119,6 +119,7 @@ def append_columns(lg, values: BinaryColumn, keys: Optional[BinaryColumn], times
                 ts if isinstance(ts, (int, np.integer)) else ts[lo:hi],
                 base_offset=base + lo, records_per_batch=records_per_batch,
                 max_batch_bytes=max_batch, compression=codec, partition_leader_epoch=0,
+                compression_level=lg.config.compression_level(codec),
                 log_append_time_ms=append_time)
 
         if per >= n:

@@ -198,7 +198,7 @@ _TOPIC_KEYS = [ConfigKey(*row) for row in [
     ("index.interval.bytes", "int", 4096, _MIN0, "log.index.interval.bytes",
      "Bytes appended between two offset-index entries: smaller means a denser index."),
     ("max.message.bytes", "int", 1_048_588, _MIN0, "message.max.bytes",
-     "Largest record batch (after compression) the log accepts; also caps cleaner buffers."),
+     "Largest record batch (after compression) the log accepts."),
     ("flush.messages", "long", LONG_MAX, _MIN1, "log.flush.interval.messages",
      "Fsync after this many unflushed messages; the default leaves flushing to the OS."),
     ("flush.ms", "long", LONG_MAX, _MIN0, "log.flush.interval.ms",
@@ -225,13 +225,16 @@ _TOPIC_KEYS = [ConfigKey(*row) for row in [
      "caps segment.ms of compacted topics."),
     ("compression.type", "string", "producer",
      OneOf(("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")), "compression.type",
-     "Codec of stored batches: 'producer' keeps the producer's, any other recompresses."),
+     "Codec of appends that name none (compression=None, Spark writes): 'producer' and "
+     "'uncompressed' write uncompressed, any other that codec. Unlike Kafka's broker, a codec "
+     "the caller names and pre-encoded batches (append_records, adopted files) are kept."),
     ("compression.gzip.level", "int", -1, Range(1, 9, (-1,)), "compression.gzip.level",
-     "Level when the log recompresses with gzip; -1 is zlib's default (6)."),
+     "Level of the batches this log compresses with gzip; -1 is zlib's default (6)."),
     ("compression.lz4.level", "int", 9, Range(1, 17), "compression.lz4.level",
-     "Level when the log recompresses with lz4."),
+     "Level of the batches this log compresses with lz4 (cramjam 2.14's block compressor "
+     "writes the same bytes at every level)."),
     ("compression.zstd.level", "int", 3, Range(-131072, 22), "compression.zstd.level",
-     "Level when the log recompresses with zstd."),
+     "Level of the batches this log compresses with zstd."),
     ("compaction.strategy", "string", "offset", OneOf(("offset", "timestamp", "header")), None,
      "segstore extension (KIP-280): per key, compaction keeps the record with the highest offset "
      "(Kafka), the highest timestamp, or the highest int64 compaction.strategy.header value."),
@@ -246,9 +249,11 @@ _STORE_KEYS = [ConfigKey(*row[:4], None, row[4], "store", *row[5:]) for row in [
      "false, only explicit compaction calls compact. (Deprecated in Kafka 4.1.)"),
     ("log.cleaner.threads", "int", 1, _MIN0, "Number of background cleaner threads."),
     ("log.cleaner.dedupe.buffer.size", "long", 134_217_728, Range(24), "Memory of the cleaners' "
-     "key-to-offset maps (24 bytes per key), split evenly across the threads."),
+     "key-to-offset maps (24 bytes per key; 32 with compaction.strategy timestamp or header), "
+     "split evenly across the threads."),
     ("log.cleaner.io.buffer.size", "int", 524_288, _MIN0, "Memory of the cleaners' I/O buffers, "
-     "split across the threads; each thread gets a read and a write half."),
+     "split across the threads; each thread gets a read and a write half. segstore reads at "
+     "least 16 MiB at a time, so below 32 MiB per thread it changes nothing."),
     ("log.cleaner.io.buffer.load.factor", "double", 0.9, Range(0, 1, (), True), "Despite the "
      "name, the dedupe map's fill limit: a round stops mapping keys at this share of slots."),
     ("log.cleaner.io.max.bytes.per.second", "double", 1.7976931348623157e308,
@@ -260,11 +265,12 @@ _STORE_KEYS = [ConfigKey(*row[:4], None, row[4], "store", *row[5:]) for row in [
     ("log.flush.scheduler.interval.ms", "long", LONG_MAX, _MIN1, "How often the flusher checks "
      "logs against flush.ms; flush.ms's default when log.flush.interval.ms is unset."),
     ("log.flush.offset.checkpoint.interval.ms", "int", 60_000, _MIN0,
-     "Period of writing the recovery-point checkpoint."),
+     "Period of writing the checkpoint files: segstore writes the recovery-point and "
+     "log-start-offset checkpoints together, at the shorter of the two intervals."),
     ("log.flush.start.offset.checkpoint.interval.ms", "int", 60_000, _MIN0,
-     "Period of writing the log-start-offset checkpoint."),
+     "See log.flush.offset.checkpoint.interval.ms: both checkpoints go together."),
     ("num.recovery.threads.per.data.dir", "int", 1, _MIN1,
-     "Threads that recover logs when the store opens and flush them when it closes."),
+     "Accepted for compatibility: segstore recovers and flushes logs one after the other."),
     ("log.roll.ms", "long", None, _MIN1, "Default segment.ms; wins over log.roll.hours.",
      "segment.ms"),
     ("log.roll.hours", "int", 168, _MIN1, "Default segment.ms in hours.", "segment.ms"),
@@ -491,6 +497,13 @@ class TopicConfig(_Config):
     min_compaction_lag_ms = _attr("min.compaction.lag.ms")
     max_compaction_lag_ms = _attr("max.compaction.lag.ms")
     compression_type = _attr("compression.type")
+
+    def compression_level(self, codec: int):
+        """The ``compression.<codec>.level`` for a codec id (None: the codec's default)."""
+        key = {1: "compression.gzip.level", 3: "compression.lz4.level",
+               4: "compression.zstd.level"}.get(codec)
+        level = None if key is None else self._values[key]
+        return None if level == -1 and codec == 1 else level
     compaction_strategy = _attr("compaction.strategy")
     compaction_strategy_header = _attr("compaction.strategy.header")
 

@@ -190,6 +190,7 @@ class PartitionLog(LogReads, ReadOnlyFollower):
             data = _core.encode_batch(
                 values, keys, headers, now if timestamps_ms is None else timestamps_ms,
                 base_offset=self._state.log_end_offset, compression=codec,
+                compression_level=self.config.compression_level(codec),
                 log_append_time_ms=self._log_append_time(now), producer_id=producer_id,
                 producer_epoch=producer_epoch, base_sequence=base_sequence,
                 is_transactional=is_transactional, partition_leader_epoch=0)

@@ -264,4 +264,4 @@ def _check_limit(name: str, value, allow_none: bool) -> None:
     if value is None and allow_none:
         return
     if not 0 <= offset_argument(value, name) < 1 << 63:
-        raise InvalidOffsetError(f"{name} must be from 0 to 2**63 - 1, got {value}")
+        raise InvalidArgumentError(f"{name} must be from 0 to 2**63 - 1, got {value}")

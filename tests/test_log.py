@@ -30,7 +30,7 @@ from conftest import batch_spans, check_columns, columns_tuples, rec_tuple, v2_h
 from segstore import _core
 from segstore.columns import BinaryColumn
 from segstore.config import TopicConfig
-from segstore.errors import (InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
+from segstore.errors import (InvalidArgumentError, InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError,
                              ReadOnlyStoreError, RecordTooLargeError, StoreClosedError)
 from segstore.log import PartitionLog
 
@@ -1121,8 +1121,10 @@ def test_bad_input(tmp_path):
         log.read(1.0)
     with pytest.raises(TypeError):
         log.read(True)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgumentError):  # a ValueError too
         log.read(0, max_records=-1)
+    with pytest.raises(InvalidArgumentError, match="max_bytes"):
+        log.read(0, max_bytes=-1)
     with pytest.raises(OffsetOutOfRangeError):
         log.read(-3)
     with pytest.raises(OffsetOutOfRangeError):

@@ -43,6 +43,7 @@ class TopicInfo:
     max_message_bytes: int
     codec: int
     compact: bool = False  # keyless records refused, as Kafka's broker does
+    level: Optional[int] = None  # compression.<codec>.level
 
 
 def topic_info(store, topic: str) -> TopicInfo:
@@ -59,7 +60,7 @@ def topic_info(store, topic: str) -> TopicInfo:
     return TopicInfo(partitions=len(store.partitions_for(topic)),
                      max_batch_bytes=min(cfg.max_message_bytes, cfg.segment_bytes),
                      max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec),
-                     compact=cfg.compact)
+                     compact=cfg.compact, level=cfg.compression_level(codec_id(codec)))
 
 
 def _check_keys(keys: Optional[BinaryColumn], rows, topic: str, partition: int) -> None:
@@ -247,7 +248,7 @@ class BatchRouter:
                         topic: str) -> memoryview:
         enc = _core.encode_columns(values, keys, now, records_per_batch=RECORDS_PER_BATCH,
                                    max_batch_bytes=info.max_batch_bytes, compression=info.codec,
-                                   order=rows)
+                                   compression_level=info.level, order=rows)
         sizes = enc.batches["size"]
         if len(sizes) and int(sizes.max()) > info.max_message_bytes:
             raise RecordTooLargeError(
@@ -272,7 +273,8 @@ class BatchRouter:
             if i == len(vals) or (i > start and (acc + extra > info.max_batch_bytes
                                                  or i - start >= RECORDS_PER_BATCH)):
                 out.append(_core.encode_batch(vals[start:i], ks[start:i], hs[start:i], now,
-                                              compression=info.codec))
+                                              compression=info.codec,
+                                              compression_level=info.level))
                 start, acc = i, 0
             if i < len(vals):
                 acc += extra
