@@ -8,7 +8,7 @@ truncating a segment writes the kept prefix to a new file and renames it over th
 File naming lives in :mod:`segstore.segment_files`, the checks of a segment's offsets and indexes
 (and ``verify()``) in :mod:`segstore.segment_checks`, reads by offset (``translate_offset``,
 ``read_range``) in :mod:`segstore.segment_reads`, writing whole indexes (rebuild, adoption) in
-:mod:`segstore.segment_indexing`.
+:mod:`segstore.segment_indexing`, truncation in :mod:`segstore.segment_truncation`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .index import OffsetIndex, TimeIndex
 from .segment_checks import (MAX_RELATIVE_OFFSET, Problem, consistent_prefix, first_offsets,
                              sanity_check_indexes, verify_segment)
 from .segment_indexing import SegmentIndexing, sealed_index_entries
+from .segment_truncation import SegmentTruncation
 from .segment_files import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
                             SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix,
                             read_map, replace_suffix, segment_paths)
@@ -44,7 +45,7 @@ __all__ = ["LogSegment", "sealed_index_entries", "Problem", "MAX_RELATIVE_OFFSET
 log = logging.getLogger("segstore.segment")
 
 
-class LogSegment(SegmentIndexing):
+class LogSegment(SegmentIndexing, SegmentTruncation):
     """A segment: its log file, indexes, size and timestamps. Mutations are the log's job.
 
     ``config`` is a TopicConfig-like object (segment_index_bytes, index_interval_bytes, ...);
@@ -430,65 +431,6 @@ class LogSegment(SegmentIndexing):
                 self._fd_value = None
             if self._txn_index is not None:
                 self._txn_index.close()
-
-    # -- truncation -------------------------------------------------------------------------
-    def truncate_to(self, offset: int) -> int:
-        """Drop the batch holding ``offset`` and everything after it; returns bytes removed."""
-        first = self.translate_offset(offset)
-        self.txn_index.truncate_to(offset)  # aborted txns whose marker goes
-        if first is None:
-            # Nothing to drop, but the segment may become active again: room in its indexes.
-            self.offset_index.resize(self.config.segment_index_bytes)
-            self.time_index.resize(self.config.segment_index_bytes)
-            return 0
-        keep = int(first["position"])
-        removed = self.size - keep
-        self._dirty = self._unsynced = True
-        self._rewrite_prefix(keep)
-        self.offset_index.truncate_to(offset)
-        self.time_index.truncate_to(offset)
-        self.offset_index.resize(self.config.segment_index_bytes)
-        self.time_index.resize(self.config.segment_index_bytes)
-        self.bytes_since_last_index_entry = 0
-        self._max_ts = None
-        self.rolling_based_timestamp = None  # read from the first batch when needed
-        if self.size == 0:
-            self.created_ms = self.clock()
-        return removed
-
-    def _rewrite_prefix(self, keep: int) -> None:
-        """Keep [0, keep) of the log file without shrinking a file a reader may map.
-
-        Readers in this or another (read-only) process may map the file, so it is always
-        copied: the kept prefix goes to a new file renamed over the old one.
-        """
-        tmp = self.log_path + ".truncating"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            done = 0
-            while done < keep:
-                done += os.copy_file_range(self._fd, fd, keep - done, done, done)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp)
-            raise
-        with self._lock:  # buffer() sees the old file and size or the new ones
-            os.replace(tmp, self.log_path)
-            old = self._fd_value
-            self._fd_value = fd
-            self._inode = os.fstat(fd).st_ino
-            self._mm = None  # readers holding the old map keep reading the old file
-            self.size = keep
-        if old is not None:
-            os.close(old)
-
-    def truncate_bytes(self, valid_bytes: int) -> int:
-        """Cut the file at ``valid_bytes`` (recovery after a torn or corrupt tail)."""
-        removed = self.size - valid_bytes
-        if removed > 0:
-            self._rewrite_prefix(valid_bytes)
-        return max(removed, 0)
 
     # -- verification -----------------------------------------------------------------------
     def verify(self, next_base_offset: Optional[int] = None) -> list:
