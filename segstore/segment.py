@@ -315,7 +315,9 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
         if len(batches) == 0:
             return
         last = int(batches["last_offset"][-1])
-        first = int(first_offsets(batches[:1])[0])  # a legacy wrapper's is its last offset
+        first = int(batches["base_offset"][0])
+        if first < 0 and int(batches["magic"][0]) < 2:
+            first = int(batches["last_offset"][0])  # a legacy wrapper tells only its last
         if first - self.base_offset < 0 or last - self.base_offset > MAX_RELATIVE_OFFSET:
             raise InvalidOffsetError(
                 f"offsets {first}..{last} cannot be stored relative to segment base "
