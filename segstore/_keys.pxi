@@ -45,14 +45,16 @@ def first_null_key(buf, batches, file=None):
     cdef int st, codec
     cdef int64_t seen = 0
     mv = memoryview(buf)
-    for row in batches:
-        pos, size, n = row["position"], row["size"], row["records_count"]
-        if row["attributes"] & ATTR_CONTROL:
+    # The header columns as lists: a structured row costs a microsecond per field read.
+    for pos, size, n, attributes in zip(batches["position"].tolist(), batches["size"].tolist(),
+                                        batches["records_count"].tolist(),
+                                        batches["attributes"].tolist()):
+        if attributes & ATTR_CONTROL:
             seen += n
             continue
         if pos < 0 or size < V2_HEADER_C or pos + size > view.shape[0] or n < 0:
             raise CorruptRecordError("batch outside the buffer", file=file, position=pos)
-        codec = row["attributes"] & ATTR_CODEC
+        codec = attributes & ATTR_CODEC
         if codec:
             rec = _compression.decompress(codec, mv[pos + V2_HEADER_C:pos + size])
             with nogil:

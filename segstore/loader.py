@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from .errors import CorruptIndexError
+from .segment_files import is_segment_file
 from .segment_split import split_overflowed_segments
 from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,
                       TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, consistent_prefix)
@@ -41,17 +42,12 @@ def _base_offset(name: str) -> int:
     return int(name.split(".", 1)[0])
 
 
-def _is_segment_file(name: str) -> bool:
-    """A name segstore (and Kafka) gives a segment's files: 20 digits, then the suffix."""
-    return len(name) > 21 and name[:20].isdigit() and name[20] == "."
-
-
 def _segment_names(directory: str) -> list:
     """The partition directory's segment file names, sorted; a stray file with a segment
     suffix (``foo.log``) is left alone, with a warning."""
     names = []
     for n in sorted(os.listdir(directory)):
-        if _is_segment_file(n):
+        if is_segment_file(n):
             names.append(n)
         elif n.endswith((LOG_SUFFIX, SWAP_SUFFIX, CLEANED_SUFFIX) + _INDEX_SUFFIXES):
             log.warning("ignoring %s in %s: not a segment file name (20 digits, then the "
@@ -95,7 +91,7 @@ def clean_temp_files(directory: str) -> None:
             b = scan_batches(data, raise_on_corrupt=False).batches
             hi = max(hi, int(b["last_offset"][-1]) + 1 if len(b) else _base_offset(n))
         for n in os.listdir(directory):
-            if not n.endswith(SWAP_SUFFIX) and _is_segment_file(n) and lo <= _base_offset(n) < hi:
+            if not n.endswith(SWAP_SUFFIX) and is_segment_file(n) and lo <= _base_offset(n) < hi:
                 _remove(os.path.join(directory, n))
     for n in swaps:
         p = os.path.join(directory, n)

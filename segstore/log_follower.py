@@ -13,6 +13,7 @@ import os
 from . import _core
 from .log_state import LogState as _State
 from .segment import LOG_SUFFIX, SWAP_SUFFIX, LogSegment
+from .segment_files import is_segment_file
 
 LISTING_ATTEMPTS = 5
 
@@ -120,14 +121,9 @@ def _segment_files(directory: str) -> list:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    out = []
-    for n in names:
-        if len(n) > 20 and n[:20].isdigit():
-            if n[20:] == LOG_SUFFIX:
-                out.append((int(n[:20]), ""))
-            elif n[20:] == LOG_SUFFIX + SWAP_SUFFIX:
-                out.append((int(n[:20]), SWAP_SUFFIX))
-    return sorted(out)
+    kinds = {LOG_SUFFIX: "", LOG_SUFFIX + SWAP_SUFFIX: SWAP_SUFFIX}
+    return sorted((int(n[:20]), kinds[n[20:]]) for n in names
+                  if is_segment_file(n) and n[20:] in kinds)
 
 
 def _close_unless_in(segments, kept) -> None:

@@ -25,9 +25,8 @@ def check_keys(log, keys) -> None:
         return
     if keys is None:
         _refuse(log)
-    for i, k in enumerate(keys):
-        if k is None:
-            _refuse(log, f" (record {i})")
+    if None in keys:  # a compiled scan; only a refusal looks for which record
+        _refuse(log, f" (record {next(i for i, k in enumerate(keys) if k is None)})")
 
 
 def check_key_column(log, keys) -> None:

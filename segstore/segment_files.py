@@ -26,6 +26,11 @@ def filename_prefix(offset: int) -> str:
     return f"{offset:020d}"
 
 
+def is_segment_file(name: str) -> bool:
+    """A name Kafka (and segstore) gives a segment's files: 20 digits, a dot, the suffix."""
+    return len(name) > 21 and name[:20].isdigit() and name[20] == "."
+
+
 def segment_paths(directory: str, base_offset: int, suffix: str = "") -> dict[str, str]:
     """Paths of a segment's four files (with an optional temporary suffix)."""
     p = os.path.join(directory, filename_prefix(base_offset))

@@ -14,8 +14,9 @@ import threading
 import pytest
 
 import segstore
+from test_cleaner_flush_failures import _open_fds_to
 from segstore import index as index_mod
-from segstore import log_reads, segment_reads
+from segstore import log_reads
 from segstore.errors import SegstoreError, StoreClosedError, StoreLockedError
 from segstore.segment import LogSegment
 
@@ -61,15 +62,19 @@ def _once_in_this_thread(action):
 
 
 def _store_fds(root: str) -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(root)):
-            out.append(target)
-    return out
+    """Descriptors this process holds open on the store's files."""
+    return _open_fds_to(str(root))
+
+
+def _before_segments_from(monkeypatch, action) -> None:
+    """Run ``action`` (once, in another thread) after a read's checks, just before it takes
+    the segments of its snapshot."""
+    real = log_reads.LogReads._segments_from
+
+    def segments_from(self, state, offset):
+        action()
+        return real(self, state, offset)
+    monkeypatch.setattr(log_reads.LogReads, "_segments_from", segments_from)
 
 
 def _fill(log, n, start=0):
@@ -170,13 +175,8 @@ def test_close_racing_a_read_raises_store_closed_and_leaks_no_descriptor(tmp_pat
     lg = st.partition("t", 0)
     _fill(lg, 200)
     assert len(lg.segments) > 2
-    close = _once_in_this_thread(st.close)
-    real = log_reads.LogReads._segments_from
-
-    def segments_from(self, state, offset):
-        close()  # the store closes after the read's checks, before it touches a segment
-        return real(self, state, offset)
-    monkeypatch.setattr(log_reads.LogReads, "_segments_from", segments_from)
+    # The store closes after the read's checks, before it touches a segment.
+    _before_segments_from(monkeypatch, _once_in_this_thread(st.close))
 
     try:
         recs = lg.read(0, max_bytes=1 << 20)
@@ -196,13 +196,7 @@ def test_close_racing_a_read_leaks_no_descriptor(tmp_path, monkeypatch):
     st.create_topic("t", 1, config=SMALL)
     lg = st.partition("t", 0)
     _fill(lg, 200)
-    close = _once_in_this_thread(st.close)
-    real = log_reads.LogReads._segments_from
-
-    def segments_from(self, state, offset):
-        close()
-        return real(self, state, offset)
-    monkeypatch.setattr(log_reads.LogReads, "_segments_from", segments_from)
+    _before_segments_from(monkeypatch, _once_in_this_thread(st.close))
     try:
         lg.read_columns(0)
     except Exception:
@@ -286,13 +280,7 @@ def test_segment_deleted_under_a_reader_raises_a_typed_error(tmp_path, monkeypat
             clock.now += 1
             st.enforce_retention()
             st.tick()
-        delete = _once_in_this_thread(retention)
-        real = log_reads.LogReads._segments_from
-
-        def segments_from(self, state, offset):
-            delete()
-            return real(self, state, offset)
-        monkeypatch.setattr(log_reads.LogReads, "_segments_from", segments_from)
+        _before_segments_from(monkeypatch, _once_in_this_thread(retention))
         try:
             lg.read(0, max_bytes=1 << 20)
         except SegstoreError:
