@@ -57,6 +57,7 @@ import numpy as np
 from . import _core, log_validator
 from .checkpoint import fsync_dir
 from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
+from .producer_snapshots import take_snapshot
 from .producer_state import has_producer_batches
 from .segment import (CLEANED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment,
                       sealed_index_entries, segment_paths)
@@ -283,6 +284,11 @@ def _publish(lg, run: list, segs: list, kept: tuple, _State) -> None:
     lg._state = _State(kept + tuple(segs), st.log_start_offset, new_leo)
     txn_indexes = False
     for s, seg in zip(run, segs):
+        if seg is segs[-1]:
+            # As a roll would: the state at the new active segment's base. Not synced (a Spark
+            # commit's cost); it is durable by the next roll, close or OS write-back, and a
+            # snapshot lost to a crash only makes the next open replay more.
+            take_snapshot(lg.producer_state, lg.directory, seg.base_offset, sync=False)
         lg.producer_state.update(s.mm, s.batches, seg)  # ABORT markers go to seg's .txnindex
         if seg._txn_index is not None and seg.txn_index.exists:  # aborted transactions in it
             seg.txn_index.flush()

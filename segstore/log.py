@@ -20,7 +20,8 @@ from .compression import codec_id
 from .errors import (InvalidRecordError, ReadOnlyStoreError, RecordTooLargeError,
                      StoreClosedError, offset_argument)
 from .loader import load_segments
-from .producer_state import (ProducerStateManager, check_marker_fields, check_producer_fields, load_producer_state,
+from .producer_snapshots import load_producer_state, take_snapshot
+from .producer_state import (ProducerStateManager, check_marker_fields, check_producer_fields,
                              stamp_log_append_time)
 from .records import RecordMetadata, TopicPartition
 from .log_deletion import LogDeletion
@@ -450,6 +451,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         seg = LogSegment(self.directory, new_base, self.config, self.clock,
                          preallocate=self.config.preallocate)
         self._state = _State(segs + (seg,), st.log_start_offset, st.log_end_offset)
+        # The producer state at the new base: an open or truncation replays from here.
+        take_snapshot(self.producer_state, self.directory, new_base)
         fsync_dir(self.directory)
         self._flush_locked(new_base)  # Kafka flushes the old segments after a roll
         return seg
@@ -513,9 +516,11 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         with self._lock:
             if not self.readonly:
                 self._flush_locked(self._state.log_end_offset)
-                # Read by the next clean open instead of replaying the log. An error propagates
-                # (like a failed flush): no clean-shutdown marker, so the next open replays.
-                self.producer_state.write_snapshot(self.directory, self._state.log_end_offset)
+                # Read by the next open instead of replaying the log. An error propagates (like
+                # a failed flush): no clean-shutdown marker, so the next open replays.
+                if take_snapshot(self.producer_state, self.directory,
+                                 self._state.log_end_offset):
+                    fsync_dir(self.directory)
             for s in self._state.segments:
                 s.close()
             self._closed = True

@@ -14,7 +14,7 @@ from .checkpoint import fsync_dir
 from .errors import InvalidOffsetError, OffsetOutOfRangeError, offset_argument
 from .flusher import PendingFlush
 from .log_state import LogState as _State
-from .producer_state import ProducerStateManager
+from .producer_snapshots import delete_snapshots, reload_producer_state
 from .segment import DELETED_SUFFIX, LogSegment
 
 
@@ -46,8 +46,9 @@ class LogDeletion:
             self._state = _State(keep, min(st.log_start_offset, leo), leo)
             self.recovery_point = min(self.recovery_point, leo)
             self._truncated(leo)
-            if len(self.producer_state):  # none known: a prefix of the log has none either
-                self.producer_state = ProducerStateManager.rebuild(keep)
+            # Kafka's truncateAndReload: snapshots above the new end go, the newest one left
+            # and the batches after it give the state.
+            self.producer_state = reload_producer_state(self.directory, keep, leo)
 
     def truncate_fully_and_start_at(self, new_offset: int) -> None:
         """Delete every segment and start an empty log at ``new_offset``."""
@@ -66,6 +67,7 @@ class LogDeletion:
         self._state = _State((seg,), log_start, new_offset)
         self.recovery_point = new_offset
         self.producer_state.clear(new_offset)
+        delete_snapshots(self.directory)
         fsync_dir(self.directory)
         self._truncated(new_offset)
 
@@ -98,6 +100,9 @@ class LogDeletion:
                 raise InvalidOffsetError("a log always keeps at least one segment")
             for s in segments:
                 self._retire(s)
+            kept = {s.base_offset for s in keep}
+            delete_snapshots(self.directory, [s.base_offset for s in segments
+                                              if s.base_offset not in kept])
             start = max(st.log_start_offset, keep[0].base_offset,
                         new_log_start if new_log_start is not None else -1)
             self._state = _State(keep, min(start, st.log_end_offset), st.log_end_offset)

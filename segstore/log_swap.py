@@ -14,6 +14,7 @@ from .checkpoint import fsync_dir
 from .errors import CleaningAbortedError
 from .flusher import PendingFlush
 from .log_state import LogState as _State
+from .producer_snapshots import delete_snapshots
 from .segment import CLEANED_SUFFIX, SWAP_SUFFIX
 
 # Tests set this to a callable(step, base_offset) to crash a swap at each step.
@@ -65,6 +66,10 @@ def replace_segments(lg, new_segments, old_segments, *,
             for sg in old:
                 lg._retire(sg)
                 _swap_step("deleted", sg.base_offset)
+            # Kafka deletes the producer snapshots of the replaced segments' bases.
+            bases = {sg.base_offset for sg in segs}
+            delete_snapshots(lg.directory, [sg.base_offset for sg in old
+                                            if sg.base_offset not in bases])
             for sg in new:
                 sg.change_file_suffixes(SWAP_SUFFIX, "")
                 _swap_step("renamed", sg.base_offset)

@@ -19,15 +19,14 @@ Appends and recovery use the same batch-by-batch replay, so an appended log and 
 write identical transaction indexes. The first unstable offset is the smallest first offset of
 an open transaction; the log's last stable offset is that offset (or the log end offset).
 
-Snapshots (``<20-digit offset>.snapshot``, REF §2.5 layout) are written by a clean close at the
-log end offset when any producer is known, and read back by the next clean open; every other
-open replays the batch headers of the whole log. See :func:`load_producer_state`.
+The state is written to and read from Kafka's ``.snapshot`` files (REF §2.5 layout, here in
+:meth:`ProducerStateManager.snapshot_bytes`) by :mod:`segstore.producer_snapshots`: at every
+roll and clean close, and on open and truncation.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -35,14 +34,12 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from .checkpoint import fsync_dir
 from .errors import CorruptIndexError, CorruptRecordError, InvalidRecordError, is_int
 from .records import ControlRecordType
 from .transaction_index import AbortedTxn
 
 log = logging.getLogger("segstore.producer_state")
 
-SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_VERSION = 1
 SNAPSHOT_HEADER = struct.Struct(">hIi")  # version, CRC-32C of everything after byte 6, count
 SNAPSHOT_ENTRY = struct.Struct(">qhiqiqiq")  # 46 bytes, see ProducerStateEntry field order
@@ -129,6 +126,7 @@ class ProducerStateManager:
         self._ongoing: dict[int, int] = {}  # open transactions: first offset -> producer id
         self._first_unstable: Optional[int] = None
         self.map_end_offset = 0  # the next offset the state has seen (Kafka's mapEndOffset)
+        self.last_snapshot_offset = 0  # of the last snapshot written or read (lastSnapOffset)
 
     # -- queries ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -162,6 +160,7 @@ class ProducerStateManager:
         self._ongoing.clear()
         self._first_unstable = None
         self.map_end_offset = map_end_offset
+        self.last_snapshot_offset = 0
 
     def _set_ongoing(self, first_offset: int, producer_id: Optional[int]) -> None:
         if producer_id is None:
@@ -308,23 +307,31 @@ class ProducerStateManager:
 
     # -- rebuilding -------------------------------------------------------------------------
     @classmethod
-    def rebuild(cls, segments, *, rewrite_txn_index=(), fill_missing_txn_index: bool = False,
-                ) -> "ProducerStateManager":
-        """Replay the batch headers of every segment in order. Segments whose base offset is in
-        ``rewrite_txn_index`` (their index was reset by recovery) get the aborted transactions
-        completed in them appended; with ``fill_missing_txn_index`` so does any segment that
-        has no ``.txnindex`` file although aborted transactions complete in it."""
-        psm = cls()
+    def rebuild(cls, segments, *, start: Optional["ProducerStateManager"] = None,
+                from_offset: int = 0, rewrite_txn_index=(),
+                fill_missing_txn_index: bool = False) -> "ProducerStateManager":
+        """Replay the batch headers of the segments in order, from ``start`` (a snapshot's
+        state, default empty) and only the batches at or after ``from_offset`` (its offset).
+        Segments whose base offset is in ``rewrite_txn_index`` (their index was reset by
+        recovery) get the aborted transactions completed in them appended; with
+        ``fill_missing_txn_index`` so does any segment replayed whole that has no ``.txnindex``
+        file although aborted transactions complete in it."""
+        psm = cls() if start is None else start
         rewrite = set(rewrite_txn_index)
-        for seg in segments:
+        for i, seg in enumerate(segments):
+            if i + 1 < len(segments) and segments[i + 1].base_offset <= from_offset:
+                continue  # wholly below the snapshot
             buf, batches = seg.read_batch_headers()
+            if len(batches) and from_offset > seg.base_offset:
+                batches = batches[batches["last_offset"] >= from_offset]
             if not len(batches):
                 continue
             if seg.base_offset in rewrite:
                 psm.update(buf, batches, seg)
                 continue
             aborted = psm.update(buf, batches)
-            if aborted and fill_missing_txn_index and not seg.txn_index.exists:
+            if (aborted and fill_missing_txn_index and seg.base_offset >= from_offset
+                    and not seg.txn_index.exists):
                 log.warning("writing the %d aborted transactions missing from %s", len(aborted),
                             seg.txn_index.path)
                 for t in aborted:
@@ -366,29 +373,6 @@ class ProducerStateManager:
                 psm._set_ongoing(e.current_txn_first_offset, e.producer_id)
         return psm
 
-    def write_snapshot(self, directory: str, offset: int) -> Optional[str]:
-        """Write ``<offset>.snapshot`` atomically, or nothing when no producer is known (a clean
-        open without a snapshot starts empty, as Kafka's does). Older snapshots are removed."""
-        delete_snapshots(directory)
-        if not self._producers:
-            return None
-        path = snapshot_path(directory, offset)
-        tmp = path + ".tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(self.snapshot_bytes())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        fsync_dir(directory)
-        return path
-
 
 def _producer_rows(batches: np.ndarray) -> Optional[np.ndarray]:
     """The v2 batches that carry a producer id, or None (all others leave the state alone).
@@ -407,68 +391,6 @@ def _producer_rows(batches: np.ndarray) -> Optional[np.ndarray]:
     return batches[(pids >= 0) & (batches["magic"] >= 2)]
 
 
-def snapshot_path(directory: str, offset: int) -> str:
-    """``<directory>/<20-digit offset>.snapshot``."""
-    return os.path.join(directory, f"{offset:020d}{SNAPSHOT_SUFFIX}")
-
-
-def list_snapshots(directory: str) -> dict[int, str]:
-    """Producer snapshot files of a partition directory, by offset."""
-    out = {}
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return out
-    for n in names:
-        if n.endswith(SNAPSHOT_SUFFIX) and n[:-len(SNAPSHOT_SUFFIX)].isdigit():
-            out[int(n[:-len(SNAPSHOT_SUFFIX)])] = os.path.join(directory, n)
-    return out
-
-
-def delete_snapshots(directory: str) -> int:
-    """Remove every producer snapshot of the directory; returns how many went."""
-    n = 0
-    for path in list_snapshots(directory).values():
-        try:
-            os.unlink(path)
-            n += 1
-        except FileNotFoundError:
-            pass
-    return n
-
-
-def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
-                        recovered=(), log_end_offset: int) -> ProducerStateManager:
-    """The producer state of a log being opened (REF §4.2 step 11, simplified).
-
-    After a clean shutdown with nothing recovered: the snapshot at the log end offset if there
-    is one, or an empty state if there is no snapshot at all (Kafka's rule for a clean shutdown
-    without snapshots). Otherwise every segment's batch headers are replayed; segments in
-    ``recovered`` get their transaction index rebuilt, segments missing one get it written.
-    Snapshots are deleted once read: while the log is open none is on disk, so none can go
-    stale (a clean close writes the next).
-    """
-    snaps = list_snapshots(directory)
-    psm = None
-    if had_clean_shutdown and not recovered:
-        path = snaps.get(log_end_offset)
-        if path is not None:
-            try:
-                with open(path, "rb") as f:
-                    psm = ProducerStateManager.from_snapshot_bytes(f.read(), path)
-            except CorruptIndexError as e:
-                log.warning("rebuilding producer state from the log: %s", e)
-        elif not snaps:
-            psm = ProducerStateManager()
-    if psm is None:
-        psm = ProducerStateManager.rebuild(segments, rewrite_txn_index=recovered,
-                                           fill_missing_txn_index=True)
-    psm.map_end_offset = log_end_offset
-    if snaps and delete_snapshots(directory):
-        fsync_dir(directory)
-    return psm
-
-
 def stamp_log_append_time(batch: bytearray, now: int) -> bytearray:
     """Mark a v2 batch LogAppendTime in place (attribute bit 3, maxTimestamp = ``now``) and give
     it a fresh CRC; used for control batches, whose bytes cannot be re-encoded as data."""
@@ -480,7 +402,6 @@ def stamp_log_append_time(batch: bytearray, now: int) -> bytearray:
 
 
 __all__ = ["AbortedTxn", "CompletedTxn", "ProducerStateEntry", "ProducerStateManager",
-           "load_producer_state", "snapshot_path", "list_snapshots", "delete_snapshots",
            "increment_sequence", "stamp_log_append_time", "check_producer_fields",
            "check_marker_fields", "in_sequence"]
 

@@ -18,8 +18,9 @@ import pytest
 from conftest import fix_crc
 from segstore import _core
 from segstore.errors import CorruptIndexError, InvalidRecordError
-from segstore.producer_state import (ProducerStateEntry, ProducerStateManager, increment_sequence,
-                                     list_snapshots, snapshot_path)
+from segstore.producer_snapshots import (list_snapshots, snapshot_path, take_snapshot,
+                                         write_snapshot)
+from segstore.producer_state import ProducerStateEntry, ProducerStateManager, increment_sequence
 from segstore.records import ControlRecordType
 from segstore.transaction_index import AbortedTxn, TransactionIndex
 
@@ -270,15 +271,20 @@ def test_damaged_snapshots_are_rejected(damage):
 def test_write_snapshot_files(tmp_path):
     d = str(tmp_path)
     psm = snapshot_state()
-    path = psm.write_snapshot(d, 8)
+    path = write_snapshot(psm, d, 8)
     assert path == snapshot_path(d, 8) == os.path.join(d, "00000000000000000008.snapshot")
     with open(path, "rb") as f:
         assert f.read() == psm.snapshot_bytes()
-    psm.write_snapshot(d, 9)  # older snapshots go
-    assert sorted(list_snapshots(d)) == [9] and sorted(os.listdir(d)) == [
-        "00000000000000000009.snapshot"]
-    assert ProducerStateManager().write_snapshot(d, 10) is None  # empty: no file at all
-    assert os.listdir(d) == []
+    assert psm.last_snapshot_offset == 8
+    # Kafka's takeSnapshot: nothing at or below the last snapshot's offset; older ones stay
+    assert take_snapshot(psm, d, 8) is None and take_snapshot(psm, d, 3) is None
+    take_snapshot(psm, d, 9)
+    assert list(list_snapshots(d)) == [8, 9] and sorted(os.listdir(d)) == [
+        "00000000000000000008.snapshot", "00000000000000000009.snapshot"]
+    # an empty state is written too (Kafka's snapshots at every roll hold no producers then)
+    empty = ProducerStateManager()
+    assert take_snapshot(empty, d, 10) == snapshot_path(d, 10)
+    assert open(snapshot_path(d, 10), "rb").read() == kafka_snapshot([])
 
 
 def test_clear():

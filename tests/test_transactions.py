@@ -166,16 +166,23 @@ def test_abort_writes_kafkas_txnindex_entry(tmp_path):
             zip(headers, batch_spans(data))][-2:] == [(4, 0x30, 1, 78), (5, 0x30, 2, 78)]
 
 
-def test_log_without_transactions_has_no_txnindex_or_snapshot(tmp_path):
+def test_log_without_transactions_has_no_txnindex_and_empty_snapshots(tmp_path):
     log = open_log(tmp_path / "t-0", segment_bytes=300)
     for i in range(20):
         log.append(b"v%d" % i)
     log.append_batch([b"x"], producer_id=-1)
     assert log.last_stable_offset == log.log_end_offset == 21
     assert log.active_producers() == {}
+    bases = [s.base_offset for s in log.segments]
     log.close()
     names = os.listdir(tmp_path / "t-0")
-    assert not [n for n in names if n.endswith((".txnindex", ".snapshot"))]
+    assert not [n for n in names if n.endswith(".txnindex")]
+    # Kafka's snapshots: one per roll (at the new base) and one at close, empty here
+    snaps = sorted(n for n in names if n.endswith(".snapshot"))
+    assert snaps == ["%020d.snapshot" % o for o in bases[1:] + [21]]
+    for n in snaps:
+        assert (tmp_path / "t-0" / n).read_bytes() == struct.pack(
+            ">hIi", 1, crc32c.crc32c(struct.pack(">i", 0)), 0)
 
 
 def test_transaction_spanning_segments(tmp_path):  # REF §7 #23, #36
@@ -388,7 +395,7 @@ def test_clean_reopen_reads_the_snapshot(tmp_path):  # REF §2.5, §4.2 step 11
     assert all(entries[p][7] == -1 for p in (1, 3, 4))
     again = open_log(tmp_path / "t-0", segment_bytes=400)
     assert again.load_result.recovered_segments == 0
-    assert not snap.exists()  # read, then removed: none can go stale while the log is open
+    assert snap.read_bytes() == raw  # kept, as Kafka keeps it: it holds the state at its offset
     assert again.active_producers() == producers
     assert again.last_stable_offset == d.model.lso < d.model.leo
     assert txn_files(tmp_path / "t-0") == before
@@ -408,11 +415,17 @@ def test_clean_shutdown_without_snapshot_starts_empty(tmp_path):  # REF §7 #30
     # Kafka's rule: a clean shutdown without any snapshot means no producer state to rebuild
     again = open_log(tmp_path / "t-0", segment_bytes=400)
     assert again.active_producers() == {} and again.last_stable_offset == again.log_end_offset
-    # a snapshot at another offset than the log end does not count: the log is replayed
+    # a stray snapshot (not at a segment base, below the last one) does not count: Kafka's
+    # removeStraySnapshots deletes it and the log is replayed
     again.close()
-    with open(tmp_path / "t-0" / ("%020d.snapshot" % 3), "wb") as f:
-        f.write(struct.pack(">hIi", 1, crc32c.crc32c(struct.pack(">i", 0)), 0))
+    for n in os.listdir(tmp_path / "t-0"):
+        if n.endswith(".snapshot"):
+            os.unlink(tmp_path / "t-0" / n)
+    stray = tmp_path / "t-0" / ("%020d.snapshot" % 3)
+    assert 3 not in [s.base_offset for s in again.segments]
+    stray.write_bytes(struct.pack(">hIi", 1, crc32c.crc32c(struct.pack(">i", 0)), 0))
     third = open_log(tmp_path / "t-0", segment_bytes=400)
+    assert not stray.exists()
     check_against_model(third, d.model)
 
 
@@ -495,6 +508,11 @@ def test_missing_txn_index_below_recovery_point_is_written_again(tmp_path):
     first = min(before)
     log.close()
     os.unlink(tmp_path / "t-0" / first)
+    # Snapshots would start the replay past the first segment (Kafka does not notice a missing
+    # .txnindex either); without them the whole log is replayed, which writes it again.
+    for n in os.listdir(tmp_path / "t-0"):
+        if n.endswith(".snapshot"):
+            os.unlink(tmp_path / "t-0" / n)
     # only the last segment is above the recovery point; the first is replayed, not recovered
     again = open_log(tmp_path / "t-0", segment_bytes=400, had_clean_shutdown=False,
                      recovery_point=d.model.leo)
@@ -575,7 +593,10 @@ def test_truncate_fully_forgets_every_producer(tmp_path):
     log.truncate_fully_and_start_at(500)
     assert log.active_producers() == {} and log.last_stable_offset == 500
     log.close()
-    assert not [n for n in os.listdir(tmp_path / "t-0") if n.endswith(".snapshot")]
+    # every older snapshot went; the close wrote an empty one at the new log end
+    assert [n for n in os.listdir(tmp_path / "t-0") if n.endswith(".snapshot")] == [
+        "%020d.snapshot" % 500]
+    assert (tmp_path / "t-0" / ("%020d.snapshot" % 500)).read_bytes()[6:] == b"\0\0\0\0"
     again = open_log(tmp_path / "t-0", segment_bytes=400)
     assert again.active_producers() == {} and again.last_stable_offset == 500
 
