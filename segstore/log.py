@@ -20,7 +20,7 @@ from .compression import codec_id
 from .errors import (InvalidRecordError, ReadOnlyStoreError, RecordTooLargeError,
                      StoreClosedError, offset_argument)
 from .loader import load_segments
-from .producer_snapshots import load_producer_state, take_snapshot
+from .producer_snapshots import delete_snapshots_before, load_producer_state, take_snapshot
 from .producer_state import (ProducerStateManager, check_marker_fields, check_producer_fields,
                              stamp_log_append_time)
 from .records import RecordMetadata, TopicPartition
@@ -495,6 +495,19 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
             return
         with self._lock:
             self._maybe_flush_locked(self.clock() if now_ms is None else now_ms)
+
+    def delete_old_snapshots(self) -> None:
+        """Kafka's deleteSnapshotsAfterRecoveryPointCheckpoint (the store calls it after writing
+        the recovery-point checkpoint): keep the producer snapshots from the segment before the
+        active one and from the segment holding the recovery point on."""
+        if self.readonly or self._closed:
+            return
+        with self._lock:
+            bases = [s.base_offset for s in self._state.segments]
+            previous = bases[-2] if len(bases) > 1 else bases[-1]
+            below = [b for b in bases if b < self.recovery_point]
+            keep_from = min(previous, below[-1] if below else self.recovery_point)
+            delete_snapshots_before(self.directory, keep_from)
 
     # -- verification -----------------------------------------------------------------------
     def verify(self) -> list:

@@ -15,6 +15,10 @@ Which snapshots exist:
 * retention and the cleaner's swap delete the snapshots of the segments they remove (a cleaned
   segment keeps its base offset's); a truncation deletes every snapshot above its new log end,
   and a full truncation every snapshot;
+* after each recovery-point checkpoint, the snapshots below both the base of the segment
+  before the active one and the base of the segment holding the recovery point go (Kafka's
+  deleteSnapshotsAfterRecoveryPointCheckpoint): the newest holds every producer, the two kept
+  serve a truncation into the previous segment and the recovery of unflushed segments;
 * an open deletes strays: snapshots above the log end, and those not at a segment base except
   the newest if it lies beyond every base (the clean close's, inside the active segment).
 
@@ -81,6 +85,11 @@ def delete_snapshots_above(directory: str, offset: int) -> int:
     if n:
         fsync_dir(directory)
     return n
+
+
+def delete_snapshots_before(directory: str, offset: int) -> int:
+    """Remove every snapshot below ``offset`` (Kafka's deleteSnapshotsBefore)."""
+    return delete_snapshots(directory, [o for o in list_snapshots(directory) if o < offset])
 
 
 def write_snapshot(psm: ProducerStateManager, directory: str, offset: int,
@@ -160,10 +169,11 @@ def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
     """The producer state of a log being opened (REF §4.2 step 11).
 
     After a clean shutdown that left no snapshot at all there were no producers (Kafka's rule,
-    REF §7 #30). Otherwise the newest valid snapshot at or below the log end is read and the
-    batches after it replayed; it must also lie at or below every segment in ``recovered`` (their
-    transaction indexes were reset: the replay writes them again). Without one the whole log is
-    replayed, which also writes the aborted transactions of a segment missing its ``.txnindex``.
+    REF §7 #30). Otherwise the state is the newest valid snapshot at or below the log end plus
+    the batches after it (the whole log without one). Segments in ``recovered`` had their
+    transaction indexes reset: a first replay from the newest snapshot at or below the oldest
+    of them writes those again (Kafka recovers each segment with the state before it), and
+    also the aborted transactions of a segment that lost its ``.txnindex``.
     """
     snaps = list_snapshots(directory)
     if had_clean_shutdown and not recovered and not snaps:
@@ -171,8 +181,16 @@ def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
         psm.map_end_offset = log_end_offset
         return psm
     snaps = remove_stray_snapshots(directory, [s.base_offset for s in segments], log_end_offset)
-    limit = min([log_end_offset] + [b for b in recovered])
-    return replay_from_snapshot(directory, segments, snaps, limit, rewrite_txn_index=recovered)
+    replayed = None
+    if recovered:
+        replayed = replay_from_snapshot(directory, segments, snaps, min(recovered),
+                                        rewrite_txn_index=recovered)
+        snaps = list_snapshots(directory)  # without the damaged ones it met
+        if not snaps or max(snaps) <= replayed.last_snapshot_offset:
+            return replayed  # it started from the newest snapshot already
+    state = replay_from_snapshot(directory, segments, snaps, log_end_offset,
+                                 fill_missing_txn_index=replayed is None)
+    return state
 
 
 def reload_producer_state(directory: str, segments, log_end_offset: int) -> ProducerStateManager:
@@ -183,19 +201,21 @@ def reload_producer_state(directory: str, segments, log_end_offset: int) -> Prod
 
 
 def replay_from_snapshot(directory: str, segments, snaps: dict[int, str], limit: int, *,
-                         rewrite_txn_index=()) -> ProducerStateManager:
-    """The newest valid snapshot at or below ``limit``, then every batch at or after it."""
+                         rewrite_txn_index=(), fill_missing_txn_index: bool = True,
+                         ) -> ProducerStateManager:
+    """The newest valid snapshot at or below ``limit``, then every batch at or after it (the
+    whole log without one); see :meth:`ProducerStateManager.rebuild` for the index options."""
     offset, psm = newest_valid_snapshot(directory, snaps, limit)
     if psm is None:
         return ProducerStateManager.rebuild(segments, rewrite_txn_index=rewrite_txn_index,
-                                            fill_missing_txn_index=True)
+                                            fill_missing_txn_index=fill_missing_txn_index)
     psm.last_snapshot_offset = psm.map_end_offset = offset
     return ProducerStateManager.rebuild(segments, start=psm, from_offset=offset,
                                         rewrite_txn_index=rewrite_txn_index,
-                                        fill_missing_txn_index=True)
+                                        fill_missing_txn_index=fill_missing_txn_index)
 
 
 __all__ = ["SNAPSHOT_SUFFIX", "snapshot_path", "list_snapshots", "delete_snapshots",
-           "delete_snapshots_above", "write_snapshot", "take_snapshot", "read_snapshot",
+           "delete_snapshots_above", "delete_snapshots_before", "write_snapshot", "take_snapshot", "read_snapshot",
            "remove_stray_snapshots", "newest_valid_snapshot", "load_producer_state",
            "reload_producer_state", "replay_from_snapshot"]

@@ -10,7 +10,6 @@ each ``<topic>-<n>`` directory becomes a partition with the store's default topi
 from __future__ import annotations
 
 import errno
-import fcntl
 import itertools
 import logging
 import os
@@ -28,8 +27,9 @@ from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                          create_marker, fsync_dir, write_atomic_many)
 from .config import StoreConfig, TopicConfig
 from .errors import (InvalidConfigError, InvalidRecordError, InvalidTopicError, OffsetTypeError,
-                     ReadOnlyStoreError, offset_argument, StoreClosedError, StoreLockedError,
+                     ReadOnlyStoreError, offset_argument, StoreClosedError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
+from .file_lock import FileLock
 from .log import PartitionLog
 from .records import RecordMetadata, TopicPartition
 from .topic import (is_legal_topic_name, read_topic_metas, remove_topic_meta, topic_meta_dir,
@@ -66,7 +66,7 @@ class LogStore:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._closed = False
-        self._lock_fd: Optional[int] = None
+        self._file_lock = FileLock(self.path)
         self._topics: dict[str, dict] = {}        # name -> {"partitions": n, "config": TopicConfig}
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._delete_queue: list = []            # (due_ms, segment) awaiting physical deletion
@@ -85,7 +85,7 @@ class LogStore:
             self._load(clean_shutdown=True)
             return
         os.makedirs(topic_meta_dir(self.path), exist_ok=True)
-        self._acquire_lock()
+        self._file_lock.acquire()
         try:
             marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
             clean = os.path.exists(marker)
@@ -94,30 +94,8 @@ class LogStore:
                 fsync_dir(self.path)
             self._load(clean_shutdown=clean)
         except BaseException:
-            self._release_lock()
+            self._file_lock.release()
             raise
-
-    # -- locking ----------------------------------------------------------------------------
-    def _acquire_lock(self) -> None:
-        path = os.path.join(self.path, ".lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise StoreLockedError(
-                f"{self.path} is locked by another writer (pid {holder}); open it with "
-                "readonly=True to read alongside it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
-
-    def _release_lock(self) -> None:
-        if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = None
 
     # -- loading ----------------------------------------------------------------------------
     def _checkpoint(self, name: str) -> dict:
@@ -513,6 +491,8 @@ class LogStore:
                 {tp: lg.recovery_point for tp, lg in logs.items()}),
             os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT): OffsetCheckpointFile.text(
                 {tp: lg.log_start_offset for tp, lg in logs.items()})})
+        for lg in logs.values():  # recovery now starts at these points
+            lg.delete_old_snapshots()
 
     def start_services(self) -> None:
         """Start the background thread that runs :meth:`tick` (flusher, checkpoints, deletes)
@@ -572,7 +552,7 @@ class LogStore:
                 self._delete_due(None)
                 self.write_checkpoints()
                 create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
-                self._release_lock()
+                self._file_lock.release()
             else:
                 for lg in self._logs.values():
                     lg.close()
