@@ -64,6 +64,16 @@ class BinaryColumn:
         """Byte length of each value (0 for nulls)."""
         return np.diff(self.offsets)
 
+    def filter(self, keep: np.ndarray) -> "BinaryColumn":
+        """The values where the bool array ``keep`` is True, in a new column."""
+        keep = _keep_argument(keep, len(self))
+        lengths = self.lengths
+        start, stop = int(self.offsets[0]), int(self.offsets[-1])
+        data = self.data[start:stop][np.repeat(keep, lengths)]
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=offsets[1:])
+        return BinaryColumn(data, offsets, self.valid[keep])
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the three arrays."""
@@ -155,6 +165,15 @@ class HeaderColumn:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def filter(self, keep: np.ndarray) -> "HeaderColumn":
+        """The headers of the records where the bool array ``keep`` is True."""
+        keep = _keep_argument(keep, len(self))
+        counts = np.diff(self.offsets)
+        entries = np.repeat(keep, counts)
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=self.offsets.dtype)
+        np.cumsum(counts[keep], out=offsets[1:])
+        return HeaderColumn(offsets, self.keys.filter(entries), self.values.filter(entries))
+
     def to_pylist(self) -> list:
         """Per record, a list of ``(str key, bytes-or-None value)`` tuples."""
         ks = [k.decode("utf-8", "replace") for k in self.keys.to_pylist()]
@@ -210,6 +229,16 @@ class RecordColumns:
             n += self.headers.offsets.nbytes + self.headers.keys.nbytes + self.headers.values.nbytes
         return n
 
+    def filter(self, keep: np.ndarray) -> "RecordColumns":
+        """The records where the bool array ``keep`` is True (numpy's boolean indexing, applied
+        to every column)."""
+        keep = _keep_argument(keep, len(self))
+        return RecordColumns(
+            self.offsets[keep], self.timestamps_ms[keep], self.timestamp_types[keep],
+            self.keys.filter(keep), self.values.filter(keep),
+            None if self.headers is None else self.headers.filter(keep),
+            self.topic, self.partition)
+
     def to_arrow(self, spark: bool = False):
         """A ``pyarrow.RecordBatch``.
 
@@ -249,3 +278,11 @@ class RecordColumns:
         """``(offset, timestamp_ms, key, value)`` tuples, for tests and small ranges."""
         return zip(self.offsets.tolist(), self.timestamps_ms.tolist(),
                    self.keys.to_pylist(), self.values.to_pylist())
+
+
+def _keep_argument(keep, n: int) -> np.ndarray:
+    keep = np.asarray(keep)
+    if keep.dtype != np.bool_ or keep.shape != (n,):
+        raise InvalidRecordError(f"filter takes a bool array of {n} values, got "
+                                 f"{keep.dtype} of shape {keep.shape}")
+    return keep

@@ -11,8 +11,12 @@ import functools
 import mmap
 from typing import Iterator, Optional
 
+import numpy as np
+
 from . import _core, segment_reads
 from .columns import RecordColumns
+from .log_isolation import (READ_UNCOMMITTED, aborted_ranges, committed_spans, committed_view,
+                            keep_mask, read_committed)
 from .errors import (CorruptRecordError, InvalidArgumentError, InvalidOffsetError,
                      OffsetOutOfRangeError, SegmentChangedError, offset_argument)
 from .log_state import LogState as _State
@@ -59,14 +63,18 @@ class LogReads:
         return segs[i:]
 
     def read(self, offset: int, max_records: Optional[int] = None,
-             max_bytes: int = 1 << 20) -> list[ConsumerRecord]:
+             max_bytes: int = 1 << 20,
+             isolation_level: str = READ_UNCOMMITTED) -> list[ConsumerRecord]:
         """Records from ``offset`` on, at most ``max_bytes`` of batches (at least one batch)
-        and ``max_records`` records; [] at the log end. Kafka's out-of-range rules apply."""
-        return self._read(offset, max_records, max_bytes, None)
+        and ``max_records`` records; [] at the log end. Kafka's out-of-range rules apply.
+        ``isolation_level="read_committed"`` reads below the last stable offset only and
+        leaves out aborted transactions' records ([] then means the last stable offset)."""
+        committed = read_committed(isolation_level)
+        return self._read(offset, max_records, max_bytes, None, committed)
 
     @_on_current_state
     def _read(self, offset: int, max_records: Optional[int], max_bytes: int,
-              end_offset: Optional[int]) -> list[ConsumerRecord]:
+              end_offset: Optional[int], committed: bool = False) -> list[ConsumerRecord]:
         # ``end_offset``: no segment starting at or after it is read (so damage there cannot
         # fail a read of what comes before).
         self._check_open()
@@ -76,6 +84,13 @@ class LogReads:
         self._check_read_offset(offset, st)
         _check_limit("max_records", max_records, allow_none=True)
         _check_limit("max_bytes", max_bytes, allow_none=False)
+        aborted = []
+        if committed:  # Kafka's FetchTxnCommitted: the last stable offset bounds the read
+            view = committed_view(self, st, offset)
+            end_offset = view.bound if end_offset is None else min(end_offset, view.bound)
+            aborted = view.aborted
+            if offset >= end_offset:
+                return []
         if offset == st.log_end_offset or max_records == 0:
             return []
         out: list = []
@@ -94,18 +109,24 @@ class LogReads:
                 continue
             buf, start, end, damage = rng
             last = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
-            recs = _core.decode_records(
+            decoded = _core.decode_records(
                 buf, start, end, min_offset=offset, end_offset=last, max_records=left,
                 topic=self.topic, partition=self.partition, file=seg.log_path, strict=True)
+            recs = _without_aborted(decoded, buf, start, end, aborted)
             out.extend(recs)
-            if damage is not None and (left is None or len(recs) < left):
+            if damage is not None and (left is None or len(decoded) < left):
                 raise damage  # the range stopped short of a damaged batch it needs
+            cut = left is not None and len(decoded) == left  # the range holds more records
             if not out:
-                # Only markers (or nothing at or past ``offset``) so far: the read goes on past
-                # them, as a consumer moves its position past a marker batch, so that [] still
-                # means the log end (a small max_bytes spent on a marker returned [] before).
-                batches = _core.scan_batches(buf, start, end).batches
-                past = int(batches["last_offset"][-1]) + 1 if len(batches) else offset
+                # Only markers or aborted records (or nothing at or past ``offset``) so far:
+                # the read goes on past them, as a consumer moves its position past them, so
+                # that [] still means the end (a small max_bytes spent on a marker returned []
+                # before).
+                if cut and decoded:
+                    past = decoded[-1].offset + 1
+                else:
+                    batches = _core.scan_batches(buf, start, end).batches
+                    past = int(batches["last_offset"][-1]) + 1 if len(batches) else offset
                 if past > offset:
                     offset = past
                     continue  # the same segment, from the batch after them
@@ -114,15 +135,27 @@ class LogReads:
             budget -= end - start
             if budget <= 0 or (max_records is not None and len(out) >= max_records):
                 break
+            if cut and decoded:  # records were left out: the rest of the segment is still due
+                offset = decoded[-1].offset + 1
+                continue
             offset = recs[-1].offset + 1 if recs else offset
             i += 1
         return out
 
-    @_on_current_state
     def read_columns(self, offset: Optional[int] = None, end_offset: Optional[int] = None,
-                     max_records: Optional[int] = None,
-                     include_headers: bool = False) -> RecordColumns:
-        """Records in [offset, end_offset) as numpy columns, one compiled pass per segment."""
+                     max_records: Optional[int] = None, include_headers: bool = False,
+                     isolation_level: str = READ_UNCOMMITTED) -> RecordColumns:
+        """Records in [offset, end_offset) as numpy columns, one compiled pass per segment.
+        ``isolation_level="read_committed"`` ends the range at the last stable offset at the
+        latest and leaves out aborted transactions' records (``max_records`` counts only the
+        records returned)."""
+        committed = read_committed(isolation_level)
+        return self._read_columns(offset, end_offset, max_records, include_headers, committed)
+
+    @_on_current_state
+    def _read_columns(self, offset: Optional[int], end_offset: Optional[int],
+                      max_records: Optional[int], include_headers: bool,
+                      committed: bool) -> RecordColumns:
         self._check_open()
         self._refresh()
         st = self._state
@@ -131,6 +164,10 @@ class LogReads:
         self._check_read_offset(offset, st)
         end = (st.log_end_offset if end_offset is None
                else min(offset_argument(end_offset, "end_offset"), st.log_end_offset))
+        aborted = []
+        if committed:
+            view = committed_view(self, st, offset)
+            end, aborted = min(end, view.bound), view.aborted
         sources = []
         segs = self._segments_from(st, offset)
         for i, seg in enumerate(segs):
@@ -159,19 +196,27 @@ class LogReads:
                 sources.append((buf, start, size, seg.log_path, isinstance(buf, mmap.mmap),
                                 checked))
         # One compiled decode over every segment, straight into one set of arrays.
+        if aborted:
+            # Aborted transactions' batches are cut out of the byte ranges, so they are never
+            # decoded and max_records counts only what is returned.
+            sources = [(buf, s, e, path, shared, checked)
+                       for buf, start, size, path, shared, checked in sources
+                       for s, e in committed_spans(buf, start, size, aborted)]
         return _core.decode_columns_multi(sources, min_offset=offset, end_offset=end,
                                           max_records=max_records,
                                           include_headers=include_headers, topic=self.topic,
                                           partition=self.partition, strict=True)
 
-    def iter_records(self, start_offset: Optional[int] = None,
-                     end_offset: Optional[int] = None) -> Iterator[ConsumerRecord]:
-        """Every record in [start_offset, end_offset), batch by batch."""
+    def iter_records(self, start_offset: Optional[int] = None, end_offset: Optional[int] = None,
+                     isolation_level: str = READ_UNCOMMITTED) -> Iterator[ConsumerRecord]:
+        """Every record in [start_offset, end_offset), batch by batch (``read_committed``:
+        below the last stable offset, without aborted transactions' records)."""
+        committed = read_committed(isolation_level)
         offset = self.log_start_offset if start_offset is None else start_offset
         end = (self.log_end_offset if end_offset is None
                else offset_argument(end_offset, "end_offset"))
         while offset < end:
-            recs = self._read(offset, None, 1 << 20, end)
+            recs = self._read(offset, None, 1 << 20, end, committed)
             if not recs:
                 return
             for r in recs:
@@ -236,6 +281,17 @@ class LogReads:
                 if r.timestamp == ts:
                     return OffsetAndTimestamp(r.offset, ts, None)
         return OffsetAndTimestamp(int(b[b["max_timestamp"] == ts]["last_offset"][0]), ts, None)
+
+
+def _without_aborted(recs: list, buf, start: int, end: int, aborted) -> list:
+    """``recs`` (decoded from ``buf[start:end]``) without aborted transactions' records."""
+    if not aborted or not recs:
+        return recs
+    ranges = aborted_ranges(buf, start, end, aborted)
+    if not len(ranges):
+        return recs
+    keep = keep_mask(np.fromiter((r.offset for r in recs), np.int64, len(recs)), ranges)
+    return [r for r, k in zip(recs, keep.tolist()) if k]
 
 
 def _end_position(seg, end_offset: int, start: int) -> int:

@@ -135,10 +135,8 @@ def test_pin_retention_keeps_the_producer_state_of_deleted_segments(tmp_path):
     assert sorted(again.producer_state.producers) == [1, 2]
 
 
-# Not fixed (docs/architecture.md, "Producer state"): segstore writes no snapshot at a roll, so a
-# truncation or an unclean open after retention deleted a producer's batches rebuilds the state
-# from the remaining segments and forgets that producer (Kafka reloads a roll's snapshot). The
-# review's two reproductions were moved out of the suite with that note.
+# Fixed in the thirteenth session: rolls write producer snapshots as Kafka's do, so a truncation
+# or an unclean open after retention reloads the producer (tests/test_producer_snapshots.py).
 
 
 # ---------------------------------------------------------------------------------------------

@@ -91,7 +91,14 @@ def _check_coverage(spec: OffsetSpec, tps: Iterable) -> None:
             f"no other ({'; '.join(detail)})")
 
 
-def resolve_start(store, tps: list, spec: OffsetSpec, strategy: str = "error") -> dict:
+def latest_offset(lg, read_committed: bool = False) -> int:
+    """Where "latest" is: the log end, or the last stable offset for a read_committed read
+    (Kafka's consumer: endOffsets at read_committed)."""
+    return lg.last_stable_offset if read_committed else lg.log_end_offset
+
+
+def resolve_start(store, tps: list, spec: OffsetSpec, strategy: str = "error",
+                  read_committed: bool = False) -> dict:
     """Starting offset of each partition (``strategy``: no timestamp match -> error | latest)."""
     out = {}
     if spec.kind in ("offsets", "timestamps"):
@@ -101,18 +108,18 @@ def resolve_start(store, tps: list, spec: OffsetSpec, strategy: str = "error") -
         if spec.kind == "earliest":
             out[tp] = lg.log_start_offset
         elif spec.kind == "latest":
-            out[tp] = lg.log_end_offset
+            out[tp] = latest_offset(lg, read_committed)
         elif spec.kind == "offsets":
             v = spec.values[(tp.topic, tp.partition)]
             out[tp] = (lg.log_start_offset if v == EARLIEST else
-                       lg.log_end_offset if v == LATEST else v)
+                       latest_offset(lg, read_committed) if v == LATEST else v)
         else:
             ts = spec.timestamp if spec.kind == "timestamp" else spec.values[(tp.topic, tp.partition)]
             found = lg.offset_for_time(ts)
             if found is not None:
                 out[tp] = found.offset
             elif strategy == "latest":
-                out[tp] = lg.log_end_offset
+                out[tp] = latest_offset(lg, read_committed)
             else:
                 raise InvalidOptionError(
                     f"option {spec.option!r}: no record of {tp.topic}-{tp.partition} has a "
@@ -121,7 +128,7 @@ def resolve_start(store, tps: list, spec: OffsetSpec, strategy: str = "error") -
     return out
 
 
-def resolve_end(store, tps: list, spec: OffsetSpec) -> dict:
+def resolve_end(store, tps: list, spec: OffsetSpec, read_committed: bool = False) -> dict:
     """Ending (exclusive) offset of each partition; a timestamp with no match means latest."""
     out = {}
     if spec.kind in ("offsets", "timestamps"):
@@ -129,14 +136,14 @@ def resolve_end(store, tps: list, spec: OffsetSpec) -> dict:
     for tp in tps:
         lg = store.partition(*tp)
         if spec.kind == "latest":
-            out[tp] = lg.log_end_offset
+            out[tp] = latest_offset(lg, read_committed)
         elif spec.kind == "offsets":
             v = spec.values[(tp.topic, tp.partition)]
-            out[tp] = lg.log_end_offset if v == LATEST else v
+            out[tp] = latest_offset(lg, read_committed) if v == LATEST else v
         else:
             ts = spec.timestamp if spec.kind == "timestamp" else spec.values[(tp.topic, tp.partition)]
             found = lg.offset_for_time(ts)
-            out[tp] = lg.log_end_offset if found is None else found.offset
+            out[tp] = latest_offset(lg, read_committed) if found is None else found.offset
     return out
 
 

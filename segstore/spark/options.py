@@ -33,7 +33,7 @@ _READ = ["path", "subscribe", "subscribePattern", "assign", "startingOffsets", "
          "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
          "endingTimestamp", "endingOffsetsByTimestamp", "failOnDataLoss", "minPartitions",
          "maxRecordsPerPartition", "includeHeaders", "pushFilters", "maxOffsetsPerTrigger",
-         "minOffsetsPerTrigger", "maxTriggerDelay"]
+         "minOffsetsPerTrigger", "maxTriggerDelay", "kafka.isolation.level"]
 _BATCH_ONLY = {"endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"}
 _STREAM_ONLY = {"maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"}
 _WRITE = ["path", "topic", "checkpointLocation", "lockTimeoutMs"]
@@ -92,6 +92,7 @@ class ReadOptions:
     max_offsets_per_trigger: Optional[int] = None
     min_offsets_per_trigger: Optional[int] = None
     max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    read_committed: bool = False  # kafka.isolation.level=read_committed
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> "ReadOptions":
@@ -159,7 +160,20 @@ class ReadOptions:
                 f"({hi})")
         if "maxTriggerDelay" in opts:
             kw["max_trigger_delay_ms"] = duration_ms("maxTriggerDelay", opts["maxTriggerDelay"])
+        # The consumer setting Kafka's source passes through: read_committed reads up to the
+        # last stable offset ("latest" means it) and leaves out aborted transactions.
+        level = opts.get("kafka.isolation.level", "read_uncommitted").strip()
+        if level not in ("read_uncommitted", "read_committed"):
+            raise InvalidOptionError(
+                "option 'kafka.isolation.level' must be 'read_uncommitted' or 'read_committed', "
+                f"got {opts['kafka.isolation.level']!r}")
+        kw["read_committed"] = level == "read_committed"
         return cls(**kw)
+
+    @property
+    def isolation_level(self) -> str:
+        """The isolation level for ``PartitionLog`` reads."""
+        return "read_committed" if self.read_committed else "read_uncommitted"
 
 
 @dataclass(frozen=True)

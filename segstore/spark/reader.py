@@ -67,7 +67,8 @@ def to_spark_batch(cols, include_headers: bool):
 
 
 def read_range(path: str, topic: str, partition: int, start: int, end: int, *,
-               include_headers: bool, fail_on_data_loss: bool) -> Iterator:
+               include_headers: bool, fail_on_data_loss: bool,
+               isolation_level: str = "read_uncommitted") -> Iterator:
     """Yield Spark Arrow batches of the records in ``[start, end)`` of one partition.
 
     Opens the store read-only for the duration of the generator. Offsets the log no longer holds
@@ -89,12 +90,13 @@ def read_range(path: str, topic: str, partition: int, start: int, end: int, *,
         pos, end = rng
         chunk = FIRST_CHUNK_RECORDS
         while pos < end:
-            cols = lg.read_columns(pos, end, max_records=chunk, include_headers=include_headers)
+            cols = lg.read_columns(pos, end, max_records=chunk, include_headers=include_headers,
+                                   isolation_level=isolation_level)
             if len(cols) > 1 and _too_big(cols):
                 chunk = max(1, len(cols) // 2)
                 continue
             if len(cols) == 0:
-                break  # only compacted-away offsets remain below ``end``
+                break  # only compacted-away or aborted offsets remain below ``end``
             yield to_spark_batch(cols, include_headers)
             pos = int(cols.offsets[-1]) + 1
             per_record = max(1, cols.nbytes // len(cols))
@@ -106,8 +108,9 @@ def plan_ranges(store, opts: ReadOptions, pruning: Optional[Pruning] = None) -> 
     tps = select_partitions(store, opts)
     # Offsets are resolved for every selected partition first: Kafka's coverage rule for JSON
     # offsets refers to the selection, not to what pushed filters leave of it.
-    starts = resolve_start(store, tps, opts.starting, opts.starting_strategy)
-    ends = resolve_end(store, tps, opts.ending)
+    starts = resolve_start(store, tps, opts.starting, opts.starting_strategy,
+                           opts.read_committed)
+    ends = resolve_end(store, tps, opts.ending, opts.read_committed)
     ranges = []
     for tp in tps:
         if pruning is not None and not pruning.keeps(tp):
@@ -151,7 +154,8 @@ class SegstoreReader(DataSourceReader):
             return iter(())  # no ranges at all: Spark asks once with InputPartition(None)
         return read_range(self.opts.path, partition.topic, partition.partition, partition.start,
                           partition.end, include_headers=self.opts.include_headers,
-                          fail_on_data_loss=self.opts.fail_on_data_loss)
+                          fail_on_data_loss=self.opts.fail_on_data_loss,
+                          isolation_level=self.opts.isolation_level)
 
 
 class SegstorePushdownReader(SegstoreReader):

@@ -27,8 +27,8 @@ from pyspark.sql.datasource import DataSourceStreamReader
 
 from . import stores
 from .features import ADMISSION_CONTROL
-from .offsets import (check_range, data_loss, from_json, prorate, resolve_start,
-                      select_partitions, split_ranges, to_json)
+from .offsets import (check_range, data_loss, from_json, latest_offset, prorate,
+                      resolve_start, select_partitions, split_ranges, to_json)
 from .options import ReadOptions
 from .reader import OffsetRangePartition, read_range
 
@@ -63,11 +63,12 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Where a new query starts: ``startingOffsets`` (default latest) or a timestamp."""
         with stores.readonly(self.opts.path) as store:
             tps = select_partitions(store, self.opts)
-            start = resolve_start(store, tps, self.opts.starting, self.opts.starting_strategy)
+            start = resolve_start(store, tps, self.opts.starting, self.opts.starting_strategy,
+                                  self.opts.read_committed)
         return to_json(start)
 
     def _latest(self, store) -> dict:
-        return {tp: store.partition(*tp).log_end_offset
+        return {tp: latest_offset(store.partition(*tp), self.opts.read_committed)
                 for tp in select_partitions(store, self.opts)}
 
     def reportLatestOffset(self) -> dict:
@@ -174,7 +175,8 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Arrow batches of one offset range (runs in a task)."""
         return read_range(self.opts.path, partition.topic, partition.partition, partition.start,
                           partition.end, include_headers=self.opts.include_headers,
-                          fail_on_data_loss=self.opts.fail_on_data_loss)
+                          fail_on_data_loss=self.opts.fail_on_data_loss,
+                          isolation_level=self.opts.isolation_level)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: like Kafka's source, reading commits nothing to the store."""
