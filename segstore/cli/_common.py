@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
 from typing import Optional, TextIO
 
 import segstore
+from ..checkpoint import (CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
+                          RECOVERY_POINT_CHECKPOINT)
+from ..topic import META_DIR
 
 __all__ = ["UsageError", "CommandError", "ArgumentParser", "Progress", "add_store_options",
            "open_store", "parse_key_values", "print_json", "format_value"]
@@ -46,11 +50,20 @@ class ArgumentParser(argparse.ArgumentParser):
 def add_store_options(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     """``--path DIR`` (alias ``--store``) and repeatable ``--store-config KEY=VALUE``."""
     parser.add_argument("--path", "--store", dest="path", metavar="DIR", required=required,
+                        type=non_empty,
                         help="the store's root directory (a segstore store or a Kafka log dir)")
     parser.add_argument("--store-config", dest="store_config", action="append", default=[],
                         metavar="KEY=VALUE",
                         help="a store-wide setting under its Kafka broker name, as given to "
                              "segstore.open(config=...); repeatable")
+
+
+def non_empty(text: str) -> str:
+    """An argument that must not be empty (``--path "$UNSET"`` would mean the working
+    directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def parse_key_values(items, what: str = "--config") -> dict:
@@ -89,13 +102,39 @@ def _split_top_level(text: str) -> list:
 
 def open_store(args, *, writable: bool = False, create: bool = False):
     """Open ``args.path``: read-only by default (safe beside a live writer, changes nothing),
-    writable when the command changes the store. Only ``create`` may make a new directory, so
-    a mistyped path is an error rather than a new, empty store."""
+    writable when the command changes the store. Only ``create`` may make a new directory or
+    turn an existing one into a store, so a mistyped path is an error rather than a new store."""
     path = args.path
-    if not create and not os.path.isdir(path):
-        raise CommandError(f"{path}: no such directory")
+    if not create:
+        check_store_dir(path)
     config = parse_key_values(getattr(args, "store_config", None), "--store-config")
     return segstore.open(path, config=config or None, readonly=not writable)
+
+
+# What only a store has: segstore's metadata, or the files a Kafka broker keeps in a log dir.
+_STORE_FILES = (META_DIR, "meta.properties", RECOVERY_POINT_CHECKPOINT,
+                LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT,
+                "replication-offset-checkpoint")
+_PARTITION_DIR = re.compile(r".+-[0-9]+")
+
+
+def check_store_dir(path: str) -> None:
+    """CommandError unless ``path`` is a segstore store or a Kafka log dir: a mistyped path
+    must not become a store (a writable open creates the store's files there) nor have its
+    ``<name>-<n>`` directories listed as partitions."""
+    if not os.path.exists(path):
+        raise CommandError(f"{path}: no such directory")
+    if not os.path.isdir(path):
+        raise CommandError(f"{path}: not a directory")
+    names = os.listdir(path)
+    if any(n in names for n in _STORE_FILES):
+        return
+    for n in names:  # a broker's log dir without checkpoints yet: partitions with segments
+        d = os.path.join(path, n)
+        if _PARTITION_DIR.fullmatch(n) and os.path.isdir(d) and \
+                any(f.endswith(".log") for f in os.listdir(d)):
+            return
+    raise CommandError(f"{path} is not a segstore store or a Kafka log dir")
 
 
 def print_json(obj, stream: Optional[TextIO] = None) -> None:

@@ -24,8 +24,8 @@ from ..cleaner.map_build import dedupe_buffer_for
 from ..cleaner.service import MAX_MAP_BYTES  # one thread's map is a Java array in Kafka
 from ..columns import BinaryColumn
 from ..config import StoreConfig
-from ._common import (CommandError, UsageError, add_store_options, iter_partitions, open_store,
-                      parse_key_values, print_json, progress)
+from ._common import (CommandError, UsageError, add_store_options, iter_partitions, non_empty,
+                      open_store, parse_key_values, print_json, progress)
 
 BYTES_PER_KEY = 24  # 16-byte MurmurHash3 x64-128 digest + 8-byte offset (REF §6.12)
 _READ_CHUNK = 65_536  # records per column read when counting keys
@@ -41,7 +41,7 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--unique-keys", type=_count, metavar="N",
                      help="distinct keys of the topic (spread evenly over its partitions)")
-    src.add_argument("--store", "--path", dest="path", metavar="DIR",
+    src.add_argument("--store", "--path", dest="path", metavar="DIR", type=non_empty,
                      help="count the distinct keys of each partition of this store")
     p.add_argument("--store-config", dest="store_config", action="append", default=[],
                    metavar="KEY=VALUE", help="store-wide settings (defaults for the options "
