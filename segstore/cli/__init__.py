@@ -6,7 +6,8 @@ has a tool (``dump-log``, ``log-dirs``, ``configs``, ``topics``); the rest wrap 
 operations (``verify``, ``recover``, ``retention``, ``describe``, ``compact``, ``plan-cleaner``).
 
 Errors are one line on stderr, never a traceback: a mistake on the command line exits 2, a
-segstore error (unknown topic, locked store, bad config...) or an OS error exits 1.
+segstore error (unknown topic, locked store, bad config...), an OS error or anything unexpected
+exits 1 (``SEGSTORE_DEBUG=1`` shows the traceback of an unexpected error).
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except SystemExit as e:  # --help and --version exit through argparse
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:  # a bug, or bad input that no typed error covers yet: still one line
+        if os.environ.get("SEGSTORE_DEBUG"):
+            raise
+        print(f"{name}: error: unexpected {type(e).__name__}: {_one_line(e)} "
+              "(set SEGSTORE_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
 
 
 class _StderrLogHandler(logging.Handler):
