@@ -67,6 +67,23 @@ def non_empty(text: str) -> str:
     return text
 
 
+INT64_MAX = 2 ** 63 - 1
+
+
+def time_ms(text: str) -> int:
+    """``--now-ms``: milliseconds since the epoch, 0 to 2^63 - 1 (Kafka's timestamps are Java
+    longs; a larger value overflowed in the cleaner)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    if value > INT64_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT64_MAX}, got {text!r}")
+    return value
+
+
 def parse_key_values(items, what: str = "--config") -> dict:
     """``["k=v", "k2=[a,b]", "k3=v3,k4=v4"]`` into a dict. Kafka's tools separate pairs with
     commas and bracket a value that holds commas (``cleanup.policy=[compact,delete]``)."""

@@ -25,7 +25,7 @@ from ..cleaner.service import MAX_MAP_BYTES  # one thread's map is a Java array 
 from ..columns import BinaryColumn
 from ..config import StoreConfig
 from ._common import (CommandError, UsageError, add_store_options, iter_partitions, non_empty,
-                      open_store, parse_key_values, print_json, progress)
+                      open_store, parse_key_values, print_json, progress, time_ms)
 
 BYTES_PER_KEY = 24  # 16-byte MurmurHash3 x64-128 digest + 8-byte offset (REF §6.12)
 _READ_CHUNK = 65_536  # records per column read when counting keys
@@ -73,7 +73,7 @@ def register(subparsers) -> None:
     add_store_options(p)
     p.add_argument("--topic", action="append", default=None, help="only this topic; repeatable")
     p.add_argument("--partition", type=int, default=None, help="only this partition")
-    p.add_argument("--now-ms", type=int, default=None, metavar="MS",
+    p.add_argument("--now-ms", type=time_ms, default=None, metavar="MS",
                    help="the time compaction delay and horizons are measured at (default: now)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=run_describe)
@@ -90,7 +90,7 @@ def register(subparsers) -> None:
     p.add_argument("--force", action="store_true",
                    help="clean even when the dirty ratio and compaction lag do not call for it")
     p.add_argument("--dry-run", action="store_true", help="change nothing; print the plan")
-    p.add_argument("--now-ms", type=int, default=None, metavar="MS",
+    p.add_argument("--now-ms", type=time_ms, default=None, metavar="MS",
                    help="the cleaning time: lags and tombstone horizons (default: now)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
