@@ -49,9 +49,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _install_log_handler()
     name = "segstore"
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-        name = f"segstore {args.command}"
-        return int(args.func(args) or 0)
+        try:
+            args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        except SystemExit as e:  # --help and --version exit through argparse
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        else:
+            name = f"segstore {args.command}"
+            status = int(args.func(args) or 0)
+        # Output still buffered must meet a closed pipe here, not in Python's exit-time flush
+        # (which prints "Exception ignored ... BrokenPipeError" and exits 120).
+        sys.stdout.flush()
+        return status
     except UsageError as e:
         prog = e.prog or name
         print(f"{prog}: error: {e} (see '{prog} --help')", file=sys.stderr)
@@ -78,8 +86,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("segstore: interrupted", file=sys.stderr)
         return 130
-    except SystemExit as e:  # --help and --version exit through argparse
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception as e:  # a bug, or bad input that no typed error covers yet: still one line
         if os.environ.get("SEGSTORE_DEBUG"):
             raise
