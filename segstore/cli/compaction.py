@@ -525,16 +525,11 @@ def run_compact(args) -> int:
     """``segstore compact``: clean now (per partition, so a terminal shows progress)."""
     if args.partition is not None and args.topic is None:
         raise UsageError("--partition needs --topic")
-    topics = [args.topic] if args.topic else None
     if args.dry_run:
-        return _compact_dry_run(args, topics)
+        return _compact_dry_run(args)
     results = []
     with open_store(args, writable=True) as store:
-        parts = [(t, p) for t, p in iter_partitions(store, topics, args.partition)
-                 if store.topic_config(t).compact]
-        if args.topic and not parts:
-            raise CommandError(f"topic {args.topic!r} is not compacted (cleanup.policy "
-                               f"{','.join(store.topic_config(args.topic).cleanup_policy)})")
+        parts = _compacted_partitions(store, args)
         with progress(args, len(parts), "compact", unit=" partitions") as bar:
             for t, p in parts:
                 for stats in store.compact(topic=t, partition=p, force=args.force,
@@ -557,14 +552,24 @@ def run_compact(args) -> int:
     return 0
 
 
-def _compact_dry_run(args, topics) -> int:
+def _compacted_partitions(store, args) -> list:
+    """The compacted partitions ``compact`` works on; CommandError for a named topic that is
+    not compacted."""
+    topics = [args.topic] if args.topic else None
+    parts = [(t, p) for t, p in iter_partitions(store, topics, args.partition)
+             if store.topic_config(t).compact]
+    if args.topic and not parts:
+        raise CommandError(f"topic {args.topic!r} is not compacted (cleanup.policy "
+                           f"{','.join(store.topic_config(args.topic).cleanup_policy)})")
+    return parts
+
+
+def _compact_dry_run(args) -> int:
     plan = []
     with open_store(args) as store:
         now = store.clock() if args.now_ms is None else args.now_ms
         manager = store.cleaner_manager
-        for t, p in iter_partitions(store, topics, args.partition):
-            if not store.topic_config(t).compact:
-                continue
+        for t, p in _compacted_partitions(store, args):
             d = manager.describe(t, p, now_ms=now)
             would = not d["uncleanable"] and (
                 d["eligible"] or (args.force and d["cleanable_bytes"] > 0))
