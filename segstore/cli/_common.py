@@ -15,7 +15,7 @@ from typing import Optional, TextIO
 import segstore
 from ..checkpoint import (CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
                           RECOVERY_POINT_CHECKPOINT)
-from ..errors import SegstoreError
+from ..errors import SegstoreError, StoreLockedError
 from ..topic import META_DIR, topic_meta_dir
 
 __all__ = ["UsageError", "CommandError", "ArgumentParser", "Progress", "add_store_options",
@@ -128,6 +128,10 @@ def open_store(args, *, writable: bool = False, create: bool = False):
     config = parse_key_values(getattr(args, "store_config", None), "--store-config")
     try:
         return segstore.open(path, config=config or None, readonly=not writable)
+    except StoreLockedError:  # its message advises the API's readonly=True
+        raise CommandError(f"{os.path.abspath(path)} is locked by another writer (pid "
+                           f"{lock_holder(path)}); stop it first (commands that only read "
+                           "work beside it)") from None
     except SegstoreError:
         raise
     except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
@@ -135,6 +139,15 @@ def open_store(args, *, writable: bool = False, create: bool = False):
         if bad is None:
             raise
         raise CommandError(bad) from e
+
+
+def lock_holder(path: str) -> str:
+    """The pid the writer wrote into the store's ``.lock``, or "unknown"."""
+    try:
+        with open(os.path.join(path, ".lock"), "rb") as f:
+            return f.read(64).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def bad_topic_metadata(path: str) -> Optional[str]:
