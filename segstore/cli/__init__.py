@@ -95,17 +95,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 class _StderrLogHandler(logging.Handler):
-    """segstore's warnings (an index rebuilt, a tail recovered) as one line each on stderr;
-    ``muted`` while a command collects them itself (``recover`` reports them)."""
+    """segstore's warnings (an index rebuilt, a tail recovered) as one line each on stderr,
+    each distinct line once per command (a read-only store re-reads a damaged checkpoint, and
+    warns, at every reload); ``muted`` while a command collects them itself (``recover``
+    reports them)."""
 
     muted = False
+
+    def __init__(self, level):
+        super().__init__(level)
+        self.printed: set = set()
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.muted:
             return
         try:
-            print(f"segstore: {record.levelname.lower()}: {record.getMessage().strip()}",
-                  file=sys.stderr)
+            line = f"segstore: {record.levelname.lower()}: {record.getMessage().strip()}"
+            if line not in self.printed:
+                self.printed.add(line)
+                print(line, file=sys.stderr)
         except Exception:  # logging must never break the command
             pass
 
@@ -117,6 +125,7 @@ def _install_log_handler() -> None:
     # Without a handler Python's last-resort handler prints bare messages; with the root logger
     # configured (an embedding program), leave logging to it.
     logger = logging.getLogger("segstore")
+    LOG_HANDLER.printed.clear()  # once per command, not per process (tests call main often)
     if LOG_HANDLER not in logger.handlers and not logging.getLogger().handlers:
         logger.addHandler(LOG_HANDLER)
 
