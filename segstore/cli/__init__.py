@@ -6,7 +6,8 @@ has a tool (``dump-log``, ``log-dirs``, ``configs``, ``topics``); the rest wrap 
 operations (``verify``, ``recover``, ``retention``, ``describe``, ``compact``, ``plan-cleaner``).
 
 Errors are one line on stderr, never a traceback: a mistake on the command line exits 2, a
-segstore error (unknown topic, locked store, bad config...) or an OS error exits 1.
+segstore error (unknown topic, locked store, bad config...), an OS error or anything unexpected
+exits 1 (``SEGSTORE_DEBUG=1`` shows the traceback of an unexpected error).
 """
 
 from __future__ import annotations
@@ -48,9 +49,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _install_log_handler()
     name = "segstore"
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-        name = f"segstore {args.command}"
-        return int(args.func(args) or 0)
+        try:
+            args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        except SystemExit as e:  # --help and --version exit through argparse
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        else:
+            name = f"segstore {args.command}"
+            status = int(args.func(args) or 0)
+        # Output still buffered must meet a closed pipe here, not in Python's exit-time flush
+        # (which prints "Exception ignored ... BrokenPipeError" and exits 120).
+        sys.stdout.flush()
+        return status
     except UsageError as e:
         prog = e.prog or name
         print(f"{prog}: error: {e} (see '{prog} --help')", file=sys.stderr)
@@ -77,22 +86,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("segstore: interrupted", file=sys.stderr)
         return 130
-    except SystemExit as e:  # --help and --version exit through argparse
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:  # a bug, or bad input that no typed error covers yet: still one line
+        if os.environ.get("SEGSTORE_DEBUG"):
+            raise
+        print(f"{name}: error: unexpected {type(e).__name__}: {_one_line(e)} "
+              "(set SEGSTORE_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
 
 
 class _StderrLogHandler(logging.Handler):
-    """segstore's warnings (an index rebuilt, a tail recovered) as one line each on stderr;
-    ``muted`` while a command collects them itself (``recover`` reports them)."""
+    """segstore's warnings (an index rebuilt, a tail recovered) as one line each on stderr,
+    each distinct line once per command (a read-only store re-reads a damaged checkpoint, and
+    warns, at every reload); ``muted`` while a command collects them itself (``recover``
+    reports them)."""
 
     muted = False
+
+    def __init__(self, level):
+        super().__init__(level)
+        self.printed: set = set()
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.muted:
             return
         try:
-            print(f"segstore: {record.levelname.lower()}: {record.getMessage().strip()}",
-                  file=sys.stderr)
+            line = f"segstore: {record.levelname.lower()}: {record.getMessage().strip()}"
+            if line not in self.printed:
+                self.printed.add(line)
+                print(line, file=sys.stderr)
         except Exception:  # logging must never break the command
             pass
 
@@ -104,6 +125,7 @@ def _install_log_handler() -> None:
     # Without a handler Python's last-resort handler prints bare messages; with the root logger
     # configured (an embedding program), leave logging to it.
     logger = logging.getLogger("segstore")
+    LOG_HANDLER.printed.clear()  # once per command, not per process (tests call main often)
     if LOG_HANDLER not in logger.handlers and not logging.getLogger().handlers:
         logger.addHandler(LOG_HANDLER)
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
 from typing import Optional, TextIO
 
 import segstore
+from ..checkpoint import (CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
+                          RECOVERY_POINT_CHECKPOINT)
+from ..errors import SegstoreError, StoreLockedError
+from ..topic import META_DIR, topic_meta_dir
 
 __all__ = ["UsageError", "CommandError", "ArgumentParser", "Progress", "add_store_options",
            "open_store", "parse_key_values", "print_json", "format_value"]
@@ -46,11 +51,37 @@ class ArgumentParser(argparse.ArgumentParser):
 def add_store_options(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     """``--path DIR`` (alias ``--store``) and repeatable ``--store-config KEY=VALUE``."""
     parser.add_argument("--path", "--store", dest="path", metavar="DIR", required=required,
+                        type=non_empty,
                         help="the store's root directory (a segstore store or a Kafka log dir)")
     parser.add_argument("--store-config", dest="store_config", action="append", default=[],
                         metavar="KEY=VALUE",
                         help="a store-wide setting under its Kafka broker name, as given to "
                              "segstore.open(config=...); repeatable")
+
+
+def non_empty(text: str) -> str:
+    """An argument that must not be empty (``--path "$UNSET"`` would mean the working
+    directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+INT64_MAX = 2 ** 63 - 1
+
+
+def time_ms(text: str) -> int:
+    """``--now-ms``: milliseconds since the epoch, 0 to 2^63 - 1 (Kafka's timestamps are Java
+    longs; a larger value overflowed in the cleaner)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    if value > INT64_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT64_MAX}, got {text!r}")
+    return value
 
 
 def parse_key_values(items, what: str = "--config") -> dict:
@@ -89,13 +120,88 @@ def _split_top_level(text: str) -> list:
 
 def open_store(args, *, writable: bool = False, create: bool = False):
     """Open ``args.path``: read-only by default (safe beside a live writer, changes nothing),
-    writable when the command changes the store. Only ``create`` may make a new directory, so
-    a mistyped path is an error rather than a new, empty store."""
+    writable when the command changes the store. Only ``create`` may make a new directory or
+    turn an existing one into a store, so a mistyped path is an error rather than a new store."""
     path = args.path
-    if not create and not os.path.isdir(path):
-        raise CommandError(f"{path}: no such directory")
+    if not create:
+        check_store_dir(path)
     config = parse_key_values(getattr(args, "store_config", None), "--store-config")
-    return segstore.open(path, config=config or None, readonly=not writable)
+    try:
+        return segstore.open(path, config=config or None, readonly=not writable)
+    except StoreLockedError:  # its message advises the API's readonly=True
+        raise CommandError(f"{os.path.abspath(path)} is locked by another writer (pid "
+                           f"{lock_holder(path)}); stop it first (commands that only read "
+                           "work beside it)") from None
+    except SegstoreError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
+        bad = bad_topic_metadata(path)
+        if bad is None:
+            raise
+        raise CommandError(bad) from e
+
+
+def lock_holder(path: str) -> str:
+    """The pid the writer wrote into the store's ``.lock``, or "unknown"."""
+    try:
+        with open(os.path.join(path, ".lock"), "rb") as f:
+            return f.read(64).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def bad_topic_metadata(path: str) -> Optional[str]:
+    """What is wrong with the first unreadable ``.segstore/topics/*.json`` file (the loader
+    reads them with ``json.load`` and fails with a bare ValueError or KeyError), or None."""
+    meta_dir = topic_meta_dir(path)
+    names = sorted(os.listdir(meta_dir)) if os.path.isdir(meta_dir) else []
+    for name in (n for n in names if n.endswith(".json")):
+        file = os.path.join(meta_dir, name)
+        try:
+            with open(file, encoding="utf-8") as f:
+                meta = json.load(f)
+        except UnicodeDecodeError as e:
+            return f"{file}: corrupt topic metadata (not UTF-8: {e.reason} at byte {e.start})"
+        except ValueError as e:
+            return f"{file}: corrupt topic metadata (not JSON: {e})"
+        if not isinstance(meta, dict):
+            return f"{file}: corrupt topic metadata (not a JSON object)"
+        for field, kind in (("name", str), ("partitions", int), ("config", dict)):
+            if field not in meta and field != "config":
+                return f"{file}: corrupt topic metadata (no {field!r} field)"
+            if field in meta and not isinstance(meta[field], kind):
+                return (f"{file}: corrupt topic metadata ({field!r} is "
+                        f"{json.dumps(meta[field])}, not a JSON {_JSON_KIND[kind]})")
+    return None
+
+
+_JSON_KIND = {str: "string", int: "number", dict: "object"}
+
+
+# What only a store has: segstore's metadata, or the files a Kafka broker keeps in a log dir.
+_STORE_FILES = (META_DIR, "meta.properties", RECOVERY_POINT_CHECKPOINT,
+                LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT,
+                "replication-offset-checkpoint")
+_PARTITION_DIR = re.compile(r".+-[0-9]+")
+
+
+def check_store_dir(path: str) -> None:
+    """CommandError unless ``path`` is a segstore store or a Kafka log dir: a mistyped path
+    must not become a store (a writable open creates the store's files there) nor have its
+    ``<name>-<n>`` directories listed as partitions."""
+    if not os.path.exists(path):
+        raise CommandError(f"{path}: no such directory")
+    if not os.path.isdir(path):
+        raise CommandError(f"{path}: not a directory")
+    names = os.listdir(path)
+    if any(n in names for n in _STORE_FILES):
+        return
+    for n in names:  # a broker's log dir without checkpoints yet: partitions with segments
+        d = os.path.join(path, n)
+        if _PARTITION_DIR.fullmatch(n) and os.path.isdir(d) and \
+                any(f.endswith(".log") for f in os.listdir(d)):
+            return
+    raise CommandError(f"{path} is not a segstore store or a Kafka log dir")
 
 
 def print_json(obj, stream: Optional[TextIO] = None) -> None:

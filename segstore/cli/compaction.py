@@ -24,8 +24,8 @@ from ..cleaner.map_build import dedupe_buffer_for
 from ..cleaner.service import MAX_MAP_BYTES  # one thread's map is a Java array in Kafka
 from ..columns import BinaryColumn
 from ..config import StoreConfig
-from ._common import (CommandError, UsageError, add_store_options, iter_partitions, open_store,
-                      parse_key_values, print_json, progress)
+from ._common import (CommandError, UsageError, add_store_options, iter_partitions, non_empty,
+                      open_store, parse_key_values, print_json, progress, time_ms)
 
 BYTES_PER_KEY = 24  # 16-byte MurmurHash3 x64-128 digest + 8-byte offset (REF §6.12)
 _READ_CHUNK = 65_536  # records per column read when counting keys
@@ -41,7 +41,7 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--unique-keys", type=_count, metavar="N",
                      help="distinct keys of the topic (spread evenly over its partitions)")
-    src.add_argument("--store", "--path", dest="path", metavar="DIR",
+    src.add_argument("--store", "--path", dest="path", metavar="DIR", type=non_empty,
                      help="count the distinct keys of each partition of this store")
     p.add_argument("--store-config", dest="store_config", action="append", default=[],
                    metavar="KEY=VALUE", help="store-wide settings (defaults for the options "
@@ -73,7 +73,7 @@ def register(subparsers) -> None:
     add_store_options(p)
     p.add_argument("--topic", action="append", default=None, help="only this topic; repeatable")
     p.add_argument("--partition", type=int, default=None, help="only this partition")
-    p.add_argument("--now-ms", type=int, default=None, metavar="MS",
+    p.add_argument("--now-ms", type=time_ms, default=None, metavar="MS",
                    help="the time compaction delay and horizons are measured at (default: now)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=run_describe)
@@ -90,7 +90,7 @@ def register(subparsers) -> None:
     p.add_argument("--force", action="store_true",
                    help="clean even when the dirty ratio and compaction lag do not call for it")
     p.add_argument("--dry-run", action="store_true", help="change nothing; print the plan")
-    p.add_argument("--now-ms", type=int, default=None, metavar="MS",
+    p.add_argument("--now-ms", type=time_ms, default=None, metavar="MS",
                    help="the cleaning time: lags and tombstone horizons (default: now)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
@@ -525,16 +525,11 @@ def run_compact(args) -> int:
     """``segstore compact``: clean now (per partition, so a terminal shows progress)."""
     if args.partition is not None and args.topic is None:
         raise UsageError("--partition needs --topic")
-    topics = [args.topic] if args.topic else None
     if args.dry_run:
-        return _compact_dry_run(args, topics)
+        return _compact_dry_run(args)
     results = []
     with open_store(args, writable=True) as store:
-        parts = [(t, p) for t, p in iter_partitions(store, topics, args.partition)
-                 if store.topic_config(t).compact]
-        if args.topic and not parts:
-            raise CommandError(f"topic {args.topic!r} is not compacted (cleanup.policy "
-                               f"{','.join(store.topic_config(args.topic).cleanup_policy)})")
+        parts = _compacted_partitions(store, args)
         with progress(args, len(parts), "compact", unit=" partitions") as bar:
             for t, p in parts:
                 for stats in store.compact(topic=t, partition=p, force=args.force,
@@ -557,14 +552,24 @@ def run_compact(args) -> int:
     return 0
 
 
-def _compact_dry_run(args, topics) -> int:
+def _compacted_partitions(store, args) -> list:
+    """The compacted partitions ``compact`` works on; CommandError for a named topic that is
+    not compacted."""
+    topics = [args.topic] if args.topic else None
+    parts = [(t, p) for t, p in iter_partitions(store, topics, args.partition)
+             if store.topic_config(t).compact]
+    if args.topic and not parts:
+        raise CommandError(f"topic {args.topic!r} is not compacted (cleanup.policy "
+                           f"{','.join(store.topic_config(args.topic).cleanup_policy)})")
+    return parts
+
+
+def _compact_dry_run(args) -> int:
     plan = []
     with open_store(args) as store:
         now = store.clock() if args.now_ms is None else args.now_ms
         manager = store.cleaner_manager
-        for t, p in iter_partitions(store, topics, args.partition):
-            if not store.topic_config(t).compact:
-                continue
+        for t, p in _compacted_partitions(store, args):
             d = manager.describe(t, p, now_ms=now)
             would = not d["uncleanable"] and (
                 d["eligible"] or (args.force and d["cleanable_bytes"] > 0))

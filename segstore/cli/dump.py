@@ -71,7 +71,7 @@ def register(subparsers) -> None:
                     "by Kafka, in kafka-dump-log.sh's format. Problems are summarised on stderr; "
                     "the exit status is 0 unless --fail-on-error is given.")
     p.add_argument("--files", required=True, metavar="FILE1,FILE2,...",
-                   type=lambda s: [f for f in s.split(",") if f],
+                   type=_file_list,
                    help="REQUIRED: comma-separated .log, .index, .timeindex, .txnindex and "
                         ".snapshot files to dump; a directory means its .log files")
     p.add_argument("--print-data-log", action="store_true",
@@ -105,6 +105,13 @@ def register(subparsers) -> None:
                    help="exit 1 when a CRC, index, offset-order or trailing-byte problem is found")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     p.set_defaults(func=run)
+
+
+def _file_list(text: str) -> list:
+    files = [f for f in text.split(",") if f.strip()]
+    if not files:
+        raise argparse.ArgumentTypeError("names no file")
+    return files
 
 
 def _decoder(name: Optional[str], cls: Optional[str], which: str):

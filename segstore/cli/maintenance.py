@@ -7,8 +7,8 @@ import logging
 import os
 
 from ..checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
-from ._common import (CommandError, add_store_options, iter_partitions, open_store, print_json,
-                      progress)
+from ._common import (CommandError, add_store_options, check_store_dir, iter_partitions,
+                      open_store, print_json, progress, time_ms)
 
 
 def register(subparsers) -> None:
@@ -47,7 +47,7 @@ def register(subparsers) -> None:
                     "what a pass would delete and changes nothing.")
     add_store_options(p)
     p.add_argument("--dry-run", action="store_true", help="change nothing; print what would go")
-    p.add_argument("--now-ms", type=int, default=None, metavar="MS",
+    p.add_argument("--now-ms", type=time_ms, default=None, metavar="MS",
                    help="the time the rules compare with (default: now)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=run_retention)
@@ -124,8 +124,7 @@ def run_recover(args) -> int:
     """``segstore recover``: the loader's crash recovery, forced, then every index checked."""
     from . import LOG_HANDLER
     path = args.path
-    if not os.path.isdir(path):
-        raise CommandError(f"{path}: no such directory")
+    check_store_dir(path)  # before anything is unlinked below
     _check_unlocked(path)
     # Recovery runs when the last shutdown was not clean (Kafka's rule): removing the marker is
     # how Kafka operators force it too. Without the recovery-point checkpoint every segment is
