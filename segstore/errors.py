@@ -94,6 +94,11 @@ class StoreLockedError(SegstoreError):
     """Another process holds the store's writer lock."""
 
 
+class CorruptMetadataError(SegstoreError):
+    """A store's own metadata file (``.segstore/topics/<topic>.json``) cannot be read; the
+    message names the file and what is wrong with it."""
+
+
 class StoreClosedError(SegstoreError):
     """An operation on a closed store or log."""
 

@@ -109,10 +109,12 @@ class LogStore:
         recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT)
         starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT)
         defaults = self.config.topic_defaults()
-        for meta in read_topic_metas(self.path):
-            self._topics[meta["name"]] = {
-                "partitions": int(meta["partitions"]),
-                "config": TopicConfig.from_dict(meta.get("config", {}), defaults=defaults)}
+        for path, meta in read_topic_metas(self.path):
+            try:
+                cfg = TopicConfig.from_dict(meta["config"], defaults=defaults)
+            except InvalidConfigError as e:
+                raise InvalidConfigError(f"{path}: {e}") from None
+            self._topics[meta["name"]] = {"partitions": meta["partitions"], "config": cfg}
         # Partition directories without metadata: a Kafka broker's log dir.
         found: dict[str, int] = {}
         for name in os.listdir(self.path):

@@ -14,7 +14,7 @@ from collections import abc
 from typing import Iterator
 
 from .checkpoint import write_atomic
-from .errors import InvalidTopicError
+from .errors import CorruptMetadataError, InvalidTopicError
 from .records import TopicPartition
 
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
@@ -76,15 +76,44 @@ def write_topic_meta(root: str, name: str, partitions: int, cfg) -> None:
     write_atomic(_meta_path(root, name), json.dumps(meta, indent=1, sort_keys=True))
 
 
-def read_topic_metas(root: str) -> Iterator[dict]:
-    """Every topic's metadata, by file name order."""
+def read_topic_metas(root: str) -> Iterator[tuple[str, dict]]:
+    """Every topic's metadata file as ``(path, {"name", "partitions", "config"})``, by file
+    name order; CorruptMetadataError naming the file when one cannot be read."""
     meta_dir = topic_meta_dir(root)
     if not os.path.isdir(meta_dir):
         return
     for name in sorted(os.listdir(meta_dir)):
         if name.endswith(".json"):
-            with open(os.path.join(meta_dir, name), encoding="utf-8") as f:
-                yield json.load(f)
+            path = os.path.join(meta_dir, name)
+            yield path, _read_meta(path)
+
+
+def _read_meta(path: str) -> dict:
+    def corrupt(why: str) -> CorruptMetadataError:
+        return CorruptMetadataError(f"{path}: corrupt topic metadata ({why})")
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except UnicodeDecodeError as e:
+        raise corrupt(f"not UTF-8: {e.reason} at byte {e.start}") from None
+    except ValueError as e:
+        raise corrupt(f"not JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise corrupt("not a JSON object")
+    for field in ("name", "partitions"):
+        if field not in meta:
+            raise corrupt(f"no {field!r} field")
+    name, partitions = meta["name"], meta["partitions"]
+    if not isinstance(name, str) or not is_legal_topic_name(name):
+        raise corrupt(f"'name' is {json.dumps(name)}, not a legal topic name")
+    if not isinstance(partitions, int) or isinstance(partitions, bool) \
+            or not 1 <= partitions <= MAX_PARTITIONS:
+        raise corrupt(f"'partitions' is {json.dumps(partitions)}, not a partition count")
+    config = meta.setdefault("config", {})
+    if not isinstance(config, dict):
+        raise corrupt(f"'config' is {json.dumps(config)}, not a JSON object")
+    return meta
 
 
 def remove_topic_meta(root: str, name: str) -> None:

@@ -1261,3 +1261,41 @@ def test_metrics_shape(root, clock):
         m = s.metrics()
         assert m["topics"] == 2 and m["partitions"] == 3
         assert m["segments"] == 3 and m["size-bytes"] == s.partition("t", 1).size_bytes > 0
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda text: b"\x84" + text[1:], "not UTF-8"),
+    (lambda text: text[:-5], "not JSON"),
+    (lambda text: b"[1, 2]", "not a JSON object"),
+    (lambda text: text.replace(b'"partitions"', b'"parts"'), "no 'partitions' field"),
+    (lambda text: text.replace(b'"partitions": 2', b'"partitions": true'), "'partitions' is true"),
+    (lambda text: text.replace(b'"name": "t"', b'"name": "../x"'), "not a legal topic name"),
+    (lambda text: text.replace(b'"config": {}', b'"config": []'), "'config' is []"),
+])
+def test_corrupt_topic_metadata_is_a_typed_error_naming_the_file(tmp_path, damage, reason):
+    from segstore.errors import CorruptMetadataError
+    root = str(tmp_path / "s")
+    with segstore.open(root) as s:
+        s.create_topic("t", 2)
+    meta = os.path.join(root, ".segstore", "topics", "t.json")
+    with open(meta, "rb") as f:
+        text = f.read()
+    with open(meta, "wb") as f:
+        f.write(damage(text))
+    for readonly in (False, True):
+        with pytest.raises(CorruptMetadataError, match=re.escape(meta)) as e:
+            segstore.open(root, readonly=readonly)
+        assert reason in str(e.value)
+
+
+def test_a_bad_config_value_in_topic_metadata_names_the_file(tmp_path):
+    root = str(tmp_path / "s")
+    with segstore.open(root) as s:
+        s.create_topic("t", config={"segment.bytes": 1 << 20})
+    meta = os.path.join(root, ".segstore", "topics", "t.json")
+    with open(meta) as f:
+        text = f.read()
+    with open(meta, "w") as f:
+        f.write(text.replace("1048576", '"abc"'))
+    with pytest.raises(InvalidConfigError, match=re.escape(meta) + ".*segment.bytes"):
+        segstore.open(root)

@@ -15,8 +15,8 @@ from typing import Optional, TextIO
 import segstore
 from ..checkpoint import (CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
                           RECOVERY_POINT_CHECKPOINT)
-from ..errors import SegstoreError, StoreLockedError
-from ..topic import META_DIR, topic_meta_dir
+from ..errors import StoreLockedError
+from ..topic import META_DIR
 
 __all__ = ["UsageError", "CommandError", "ArgumentParser", "Progress", "add_store_options",
            "open_store", "parse_key_values", "print_json", "format_value"]
@@ -132,13 +132,6 @@ def open_store(args, *, writable: bool = False, create: bool = False):
         raise CommandError(f"{os.path.abspath(path)} is locked by another writer (pid "
                            f"{lock_holder(path)}); stop it first (commands that only read "
                            "work beside it)") from None
-    except SegstoreError:
-        raise
-    except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
-        bad = bad_topic_metadata(path)
-        if bad is None:
-            raise
-        raise CommandError(bad) from e
 
 
 def lock_holder(path: str) -> str:
@@ -148,34 +141,6 @@ def lock_holder(path: str) -> str:
             return f.read(64).decode(errors="replace").strip() or "unknown"
     except OSError:
         return "unknown"
-
-
-def bad_topic_metadata(path: str) -> Optional[str]:
-    """What is wrong with the first unreadable ``.segstore/topics/*.json`` file (the loader
-    reads them with ``json.load`` and fails with a bare ValueError or KeyError), or None."""
-    meta_dir = topic_meta_dir(path)
-    names = sorted(os.listdir(meta_dir)) if os.path.isdir(meta_dir) else []
-    for name in (n for n in names if n.endswith(".json")):
-        file = os.path.join(meta_dir, name)
-        try:
-            with open(file, encoding="utf-8") as f:
-                meta = json.load(f)
-        except UnicodeDecodeError as e:
-            return f"{file}: corrupt topic metadata (not UTF-8: {e.reason} at byte {e.start})"
-        except ValueError as e:
-            return f"{file}: corrupt topic metadata (not JSON: {e})"
-        if not isinstance(meta, dict):
-            return f"{file}: corrupt topic metadata (not a JSON object)"
-        for field, kind in (("name", str), ("partitions", int), ("config", dict)):
-            if field not in meta and field != "config":
-                return f"{file}: corrupt topic metadata (no {field!r} field)"
-            if field in meta and not isinstance(meta[field], kind):
-                return (f"{file}: corrupt topic metadata ({field!r} is "
-                        f"{json.dumps(meta[field])}, not a JSON {_JSON_KIND[kind]})")
-    return None
-
-
-_JSON_KIND = {str: "string", int: "number", dict: "object"}
 
 
 # What only a store has: segstore's metadata, or the files a Kafka broker keeps in a log dir.
