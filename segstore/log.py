@@ -17,10 +17,11 @@ from . import _core, log_validator
 from .checkpoint import fsync_dir
 from .columns import BinaryColumn
 from .compression import codec_id
-from .errors import (InvalidRecordError, ReadOnlyStoreError, RecordTooLargeError,
+from .errors import (CorruptIndexError, InvalidRecordError, ReadOnlyStoreError, RecordTooLargeError,
                      StoreClosedError, offset_argument)
 from .loader import load_segments
-from .producer_snapshots import delete_snapshots_before, load_producer_state, take_snapshot
+from .producer_snapshots import (delete_snapshots_before, list_snapshots, load_producer_state,
+                                 read_snapshot, take_snapshot)
 from .producer_state import (ProducerStateManager, check_marker_fields, check_producer_fields,
                              stamp_log_append_time)
 from .records import RecordMetadata, TopicPartition
@@ -29,6 +30,7 @@ from .log_follower import ReadOnlyFollower
 from .log_reads import LogReads
 from .log_state import LogState as _State
 from .segment import MAX_RELATIVE_OFFSET, LogSegment
+from .segment_checks import Problem
 
 
 _BATCH_FIELDS = _core.BATCH_DTYPE.names
@@ -511,14 +513,22 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
 
     # -- verification -----------------------------------------------------------------------
     def verify(self) -> list:
-        """A full CRC and index check of every segment: a list of ``Problem`` (file, position,
-        message), empty when the log is sound. Reads never change anything."""
+        """A full CRC and index check of every segment, and a check of every producer snapshot:
+        a list of ``Problem`` (file, position, message), empty when the log is sound. Reads
+        never change anything."""
         self._check_open()
         segs = self.segments
         problems = []
         for i, seg in enumerate(segs):
             nxt = segs[i + 1].base_offset if i + 1 < len(segs) else None
             problems.extend(seg.verify(nxt))
+        for path in list_snapshots(self.directory).values():
+            try:
+                read_snapshot(path)
+            except FileNotFoundError:
+                pass  # deleted meanwhile (a roll past it, retention, a truncation)
+            except (CorruptIndexError, OSError) as e:
+                problems.append(Problem(path, 0, str(e)))
         return problems
 
     # -- lifecycle --------------------------------------------------------------------------

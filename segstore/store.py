@@ -102,7 +102,8 @@ class LogStore:
         try:
             return OffsetCheckpointFile(os.path.join(self.path, name)).read()
         except CheckpointError as e:
-            log.warning("ignoring %s (recovering from the start instead)", e)
+            log.warning("ignoring %s%s", e, "" if self.readonly else
+                        " (recovering from the start instead)")
             return {}
 
     def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None) -> None:

@@ -694,6 +694,21 @@ def test_verify_reports_a_damaged_txn_index(tmp_path):
     assert sorted(os.listdir(tmp_path / "t-0")) == names  # no file created by checking
 
 
+def test_verify_reports_a_damaged_producer_snapshot(tmp_path):
+    log, d = build(tmp_path / "t-0")
+    assert log.verify() == []
+    snaps = sorted(n for n in os.listdir(tmp_path / "t-0") if n.endswith(".snapshot"))
+    assert snaps  # one per roll
+    path = str(tmp_path / "t-0" / snaps[-1])
+    raw = bytearray(open(path, "rb").read())
+    raw[-1] ^= 1
+    open(path, "wb").write(bytes(raw))
+    problems = log.verify()
+    assert [(p.file, p.position) for p in problems] == [(path, 0)]
+    assert "CRC" in problems[0].message
+    assert open(path, "rb").read() == bytes(raw)  # reported, not repaired
+
+
 def test_delete_records_keeps_producer_state(tmp_path):  # REF §7 #30
     log = open_log(tmp_path / "t-0")
     log.append_batch([b"a"], producer_id=1, producer_epoch=0, base_sequence=0)
