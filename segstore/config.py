@@ -269,6 +269,12 @@ _STORE_KEYS = [ConfigKey(*row[:4], None, row[4], "store", *row[5:]) for row in [
      "log-start-offset checkpoints together, at the shorter of the two intervals."),
     ("log.flush.start.offset.checkpoint.interval.ms", "int", 60_000, _MIN0,
      "See log.flush.offset.checkpoint.interval.ms: both checkpoints go together."),
+    ("producer.id.expiration.ms", "int", 86_400_000, _MIN1, "How long a partition keeps a "
+     "producer's state (epoch, sequence, last batch) after that producer's last batch "
+     "timestamp, unless it has an open transaction. It is checked every "
+     "producer.id.expiration.check.interval.ms and when a log opens."),
+    ("producer.id.expiration.check.interval.ms", "int", 600_000, _MIN1,
+     "Period of removing expired producer ids from every partition's producer state."),
     ("num.recovery.threads.per.data.dir", "int", 1, _MIN1,
      "Accepted for compatibility: segstore recovers and flushes logs one after the other."),
     ("log.roll.ms", "long", None, _MIN1, "Default segment.ms; wins over log.roll.hours.",
@@ -569,6 +575,8 @@ class StoreConfig(_Config):
     flush_start_offset_checkpoint_interval_ms = _attr(
         "log.flush.start.offset.checkpoint.interval.ms")
     num_recovery_threads_per_data_dir = _attr("num.recovery.threads.per.data.dir")
+    producer_id_expiration_ms = _attr("producer.id.expiration.ms")
+    producer_id_expiration_check_interval_ms = _attr("producer.id.expiration.check.interval.ms")
 
 
 def _first(*values):

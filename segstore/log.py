@@ -61,8 +61,10 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
 
     def __init__(self, directory: str, topic: str, partition: int, config, clock, *,
                  readonly: bool = False, recovery_point: int = 0, log_start_offset: int = 0,
-                 had_clean_shutdown: bool = True, delete_later=None):
+                 had_clean_shutdown: bool = True, delete_later=None,
+                 producer_id_expiration_ms: int = 86_400_000):
         self.directory = directory
+        self.producer_id_expiration_ms = producer_id_expiration_ms
         self.topic = topic
         self.partition = partition
         self.topic_partition = TopicPartition(topic, partition)
@@ -98,6 +100,7 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         self.producer_state = load_producer_state(directory, segs, log_end_offset=leo,
                                                   had_clean_shutdown=had_clean_shutdown,
                                                   recovered=loaded.txn_rebuild)
+        self.producer_state.remove_expired(clock(), producer_id_expiration_ms)
 
     # -- snapshot accessors -----------------------------------------------------------------
     @property
@@ -497,6 +500,15 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
             return
         with self._lock:
             self._maybe_flush_locked(self.clock() if now_ms is None else now_ms)
+
+    def remove_expired_producers(self, now_ms: Optional[int] = None) -> list[int]:
+        """Forget producers idle for ``producer.id.expiration.ms`` (the store runs this every
+        ``producer.id.expiration.check.interval.ms``); returns their ids."""
+        if self.readonly or self._closed:
+            return []
+        with self._lock:
+            now = self.clock() if now_ms is None else now_ms
+            return self.producer_state.remove_expired(now, self.producer_id_expiration_ms)
 
     def delete_old_snapshots(self) -> None:
         """Kafka's deleteSnapshotsAfterRecoveryPointCheckpoint (the store calls it after writing

@@ -162,6 +162,16 @@ class ProducerStateManager:
         self.map_end_offset = map_end_offset
         self.last_snapshot_offset = 0
 
+    def remove_expired(self, now_ms: int, expiration_ms: int) -> list[int]:
+        """Forget the producers without an open transaction whose last batch (or marker)
+        timestamp is ``expiration_ms`` or more before ``now_ms`` (Kafka's
+        removeExpiredProducers); returns their ids."""
+        gone = [pid for pid, e in self._producers.items()
+                if e.current_txn_first_offset < 0 and now_ms - e.last_timestamp >= expiration_ms]
+        for pid in gone:
+            del self._producers[pid]
+        return gone
+
     def _set_ongoing(self, first_offset: int, producer_id: Optional[int]) -> None:
         if producer_id is None:
             self._ongoing.pop(first_offset, None)

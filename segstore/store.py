@@ -77,6 +77,8 @@ class LogStore:
         self._last_checkpoint_ms = self.clock()
         self._next_retention_ms = self._last_checkpoint_ms + min(
             RETENTION_INITIAL_DELAY_MS, self.config.retention_check_interval_ms)
+        self._next_expiration_ms = (self._last_checkpoint_ms
+                                    + self.config.producer_id_expiration_check_interval_ms)
         self.cleaner = LogCleaner(self.path, self.config, lambda: dict(self._logs), self.clock,
                                   retention=self._retain_compacted)
         if readonly:
@@ -141,7 +143,8 @@ class LogStore:
         lg = PartitionLog(os.path.join(self.path, f"{tp.topic}-{tp.partition}"), tp.topic,
                           tp.partition, config, self.clock, readonly=self.readonly,
                           recovery_point=recovery_point, log_start_offset=log_start,
-                          had_clean_shutdown=clean, delete_later=self._schedule_delete)
+                          had_clean_shutdown=clean, delete_later=self._schedule_delete,
+                          producer_id_expiration_ms=self.config.producer_id_expiration_ms)
         if not self.readonly:
             lg.truncation_listeners.append(self._on_truncated)
         return lg
@@ -347,8 +350,9 @@ class LogStore:
     def tick(self, now_ms: Optional[int] = None) -> None:
         """Run what the background services do, once: flush by ``flush.ms``, write
         checkpoints when due, run retention every ``log.retention.check.interval.ms`` (the
-        first pass 30 s after opening, or one interval if shorter) and delete ``.deleted``
-        segments whose delay has passed."""
+        first pass 30 s after opening, or one interval if shorter), expire idle producers every
+        ``producer.id.expiration.check.interval.ms`` and delete ``.deleted`` segments whose
+        delay has passed."""
         if self.readonly or self._closed:
             return
         now = self.clock() if now_ms is None else now_ms
@@ -363,6 +367,10 @@ class LogStore:
             self._next_retention_ms = now + self.config.retention_check_interval_ms
             # Running cleaner threads do compacted logs' retention after each round (REF §6.2).
             self.enforce_retention(now_ms=now, include_compacted=not self.cleaner.running)
+        if now >= self._next_expiration_ms:
+            self._next_expiration_ms = now + self.config.producer_id_expiration_check_interval_ms
+            for lg in list(self._logs.values()):
+                lg.remove_expired_producers(now)
         self._delete_due(now)
 
     def _delete_due(self, now: Optional[int]) -> int:

@@ -63,6 +63,8 @@ KAFKA_STORE_DEFAULTS = {
     "log.flush.offset.checkpoint.interval.ms": 60_000,
     "log.flush.start.offset.checkpoint.interval.ms": 60_000,
     "num.recovery.threads.per.data.dir": 1,
+    "producer.id.expiration.ms": 86_400_000,  # TransactionLogConfig / ProducerStateManagerConfig
+    "producer.id.expiration.check.interval.ms": 600_000,
     "log.roll.ms": None, "log.roll.hours": 168,
     "log.roll.jitter.ms": None, "log.roll.jitter.hours": 0,
     "log.retention.ms": None, "log.retention.minutes": None, "log.retention.hours": 168,
@@ -130,6 +132,8 @@ def test_attribute_properties_match_keys():
     assert store.flush_offset_checkpoint_interval_ms == 60_000
     assert store.flush_start_offset_checkpoint_interval_ms == 60_000
     assert store.num_recovery_threads_per_data_dir == 1
+    assert store.producer_id_expiration_ms == 86_400_000
+    assert store.producer_id_expiration_check_interval_ms == 600_000
 
 
 def test_describe_keys():
