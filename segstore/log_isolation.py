@@ -56,20 +56,28 @@ class CommittedView(NamedTuple):
     aborted: list[AbortedTxn]
 
 
-def committed_view(lg, st, start_offset: int) -> CommittedView:
-    """The bound and the aborted transactions overlapping [start_offset, bound) of ``lg`` as
-    its state ``st`` (a LogState) holds it."""
-    if lg.producer_state is None:
-        psm, aborted = ProducerStateManager(), []
-        for seg in st.segments:
-            buf, batches = seg.read_batch_headers()
-            if len(batches):
-                aborted.extend(psm.update(buf, batches))
-        bound = _bound(psm.first_unstable_offset(), st)
-        return CommittedView(bound, [t for t in aborted if t.last_offset >= start_offset
-                                     and t.first_offset < bound])
-    bound = _bound(lg.producer_state.first_unstable_offset(), st)
+def committed_view(producer_state, st, start_offset: int) -> CommittedView:
+    """The bound and the aborted transactions overlapping [start_offset, bound) of a writable
+    log (its ``producer_state``) as its state ``st`` (a LogState) holds it."""
+    bound = _bound(producer_state.first_unstable_offset(), st)
     return CommittedView(bound, collect_aborted_transactions(st.segments, start_offset, bound))
+
+
+def replayed_view(st) -> CommittedView:
+    """The bound and every aborted transaction of a read-only log's state ``st``, from a
+    replay of its batch headers (callers filter by their range)."""
+    psm, aborted = ProducerStateManager(), []
+    for seg in st.segments:
+        buf, batches = seg.read_batch_headers()
+        if len(batches):
+            aborted.extend(psm.update(buf, batches))
+    return CommittedView(_bound(psm.first_unstable_offset(), st), aborted)
+
+
+def in_range(view: CommittedView, start_offset: int) -> CommittedView:
+    """``view`` with only the aborted transactions overlapping [start_offset, bound)."""
+    return CommittedView(view.bound, [t for t in view.aborted if t.last_offset >= start_offset
+                                      and t.first_offset < view.bound])
 
 
 def _bound(first_unstable, st) -> int:
@@ -128,5 +136,5 @@ def keep_mask(offsets: np.ndarray, ranges: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["READ_UNCOMMITTED", "READ_COMMITTED", "ISOLATION_LEVELS", "read_committed",
-           "CommittedView", "committed_view", "aborted_batches", "aborted_ranges",
+           "CommittedView", "committed_view", "replayed_view", "in_range", "aborted_batches", "aborted_ranges",
            "committed_spans", "keep_mask"]

@@ -16,7 +16,7 @@ import numpy as np
 from . import _core, segment_reads
 from .columns import RecordColumns
 from .log_isolation import (READ_UNCOMMITTED, aborted_ranges, committed_spans, committed_view,
-                            keep_mask, read_committed)
+                            in_range, keep_mask, read_committed, replayed_view)
 from .errors import (CorruptRecordError, InvalidArgumentError, InvalidOffsetError,
                      OffsetOutOfRangeError, SegmentChangedError, offset_argument)
 from .log_state import LogState as _State
@@ -55,6 +55,21 @@ class LogReads:
                 f"offset {offset} is out of range for {self.topic}-{self.partition}: log start "
                 f"offset {st.log_start_offset}, log end offset {st.log_end_offset}")
 
+    def _committed_view(self, st: _State, offset: int):
+        """read_committed's bound and aborted transactions for a read from ``offset``. A
+        read-only log replays its headers once per state it sees (a chunked reader, such as a
+        Spark task, asks once per chunk)."""
+        if self.producer_state is not None:
+            return committed_view(self.producer_state, st, offset)
+        # A refresh makes a new state each time; the same segments, sizes and offsets are
+        # the same data (the cache holds the segments, so their ids are not reused).
+        key = (tuple(map(id, st.segments)), st.log_start_offset, st.log_end_offset,
+               st.segments[-1].size if st.segments else 0)
+        cached = getattr(self, "_replayed_view", None)
+        if cached is None or cached[0] != key:
+            cached = self._replayed_view = (key, replayed_view(st), st.segments)
+        return in_range(cached[1], offset)
+
     def _segments_from(self, st: _State, offset: int):
         segs = st.segments
         bases = [s.base_offset for s in segs]
@@ -86,7 +101,7 @@ class LogReads:
         _check_limit("max_bytes", max_bytes, allow_none=False)
         aborted = []
         if committed:  # Kafka's FetchTxnCommitted: the last stable offset bounds the read
-            view = committed_view(self, st, offset)
+            view = self._committed_view(st, offset)
             end_offset = view.bound if end_offset is None else min(end_offset, view.bound)
             aborted = view.aborted
             if offset >= end_offset:
@@ -166,7 +181,7 @@ class LogReads:
                else min(offset_argument(end_offset, "end_offset"), st.log_end_offset))
         aborted = []
         if committed:
-            view = committed_view(self, st, offset)
+            view = self._committed_view(st, offset)
             end, aborted = min(end, view.bound), view.aborted
         sources = []
         segs = self._segments_from(st, offset)

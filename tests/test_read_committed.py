@@ -359,3 +359,29 @@ def test_column_filter_keeps_arrow_layout():
     assert len(cols.filter(np.zeros(4, dtype=bool))) == 0
     with pytest.raises(Exception, match="bool array"):
         cols.filter(np.array([1, 0, 1, 0]))
+
+
+def test_a_read_only_log_replays_once_per_state(tmp_path, monkeypatch):
+    # a chunked reader (Spark's) asks for the committed view once per chunk: the replay of the
+    # batch headers runs again only when the writer changed the log
+    import segstore.log_reads as log_reads
+    calls = []
+    real = log_reads.replayed_view
+    monkeypatch.setattr(log_reads, "replayed_view", lambda st: calls.append(1) or real(st))
+    log = open_log(tmp_path / "t-0", segment_bytes=300)
+    r = mixed(log)
+    ro = open_log(tmp_path / "t-0", readonly=True)
+    pos, got = 0, []
+    while True:
+        c = ro.read_columns(pos, max_records=1, isolation_level="read_committed")
+        if not len(c):
+            break
+        got += c.offsets.tolist()
+        pos = got[-1] + 1
+    assert got == [o for o, _ in r.committed()] and len(got) > 3
+    assert len(calls) == 1
+    r.end(4, abort=False)  # the writer moves on: the next read replays again and sees it
+    assert ro.read_columns(pos, isolation_level="read_committed").offsets.tolist() == \
+        [o for o, _ in r.committed(pos)]
+    assert len(calls) == 2
+    ro.close()
