@@ -31,6 +31,7 @@ from .errors import (InvalidConfigError, InvalidRecordError, InvalidTopicError, 
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .file_lock import FileLock
 from .log import PartitionLog
+from .log_isolation import read_committed
 from .records import RecordMetadata, TopicPartition
 from .topic import (is_legal_topic_name, read_topic_metas, remove_topic_meta, topic_meta_dir,
                     topic_partitions, validate_partition_count, validate_topic_name,
@@ -334,9 +335,13 @@ class LogStore:
         """{TopicPartition: log start offset} (kafka-python's KafkaConsumer shape)."""
         return {tp: self.partition(*tp).log_start_offset for tp in topic_partitions(partitions)}
 
-    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict:
-        """{TopicPartition: log end offset}."""
-        return {tp: self.partition(*tp).log_end_offset for tp in topic_partitions(partitions)}
+    def end_offsets(self, partitions: Iterable[TopicPartition],
+                    isolation_level: str = "read_uncommitted") -> dict:
+        """{TopicPartition: log end offset}; with ``isolation_level="read_committed"`` the last
+        stable offsets, as a read_committed consumer's ``end_offsets``."""
+        committed = read_committed(isolation_level)
+        return {tp: (lg.last_stable_offset if committed else lg.log_end_offset)
+                for tp in topic_partitions(partitions) for lg in [self.partition(*tp)]}
 
     def offsets_for_times(self, timestamps: Mapping) -> dict:
         """{TopicPartition: OffsetAndTimestamp or None}: first offset with timestamp >= ts."""

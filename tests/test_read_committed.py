@@ -385,3 +385,17 @@ def test_a_read_only_log_replays_once_per_state(tmp_path, monkeypatch):
         [o for o, _ in r.committed(pos)]
     assert len(calls) == 2
     ro.close()
+
+
+def test_store_end_offsets_by_isolation_level(tmp_path):
+    import segstore
+    from segstore.records import TopicPartition
+    with segstore.open(str(tmp_path / "s"), clock=FakeClock(T0)) as s:
+        s.create_topic("t", 2)
+        r = mixed(s.partition("t", 0))
+        s.partition("t", 1).append(b"x")
+        tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+        assert s.end_offsets(tps) == {tps[0]: r.leo, tps[1]: 1}
+        assert s.end_offsets(tps, isolation_level="read_committed") == {tps[0]: r.lso, tps[1]: 1}
+        with pytest.raises(InvalidArgumentError, match="isolation_level"):
+            s.end_offsets(tps, isolation_level="committed")
