@@ -14,7 +14,7 @@ from .checkpoint import fsync_dir
 from .errors import InvalidOffsetError, OffsetOutOfRangeError, offset_argument
 from .flusher import PendingFlush
 from .log_state import LogState as _State
-from .producer_snapshots import delete_snapshots, reload_producer_state
+from .producer_snapshots import delete_snapshots, reload_producer_state, take_snapshot
 from .segment import DELETED_SUFFIX, LogSegment
 
 
@@ -49,6 +49,11 @@ class LogDeletion:
             # Kafka's truncateAndReload: snapshots above the new end go, the newest one left
             # and the batches after it give the state.
             self.producer_state = reload_producer_state(self.directory, keep, leo)
+            # As Kafka's rebuildProducerState ends: a snapshot at the new end, so that a later
+            # truncation or open still starts from a state that knows the producers of
+            # segments retention deletes meanwhile (none may be left at or below it here).
+            if take_snapshot(self.producer_state, self.directory, leo):
+                fsync_dir(self.directory)
 
     def truncate_fully_and_start_at(self, new_offset: int) -> None:
         """Delete every segment and start an empty log at ``new_offset``."""
