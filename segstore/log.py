@@ -27,6 +27,7 @@ from .producer_state import (ProducerStateManager, check_marker_fields, check_pr
 from .records import RecordMetadata, TopicPartition
 from .log_deletion import LogDeletion
 from .log_follower import ReadOnlyFollower
+from .log_isolation import readonly_first_unstable
 from .log_reads import LogReads
 from .log_state import LogState as _State
 from .segment import MAX_RELATIVE_OFFSET, LogSegment
@@ -138,7 +139,7 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         if self.producer_state is None:  # read-only: replay the headers of what is there now
             self._refresh()
             st = self._state
-            first = ProducerStateManager.rebuild(st.segments).first_unstable_offset()
+            first = readonly_first_unstable(self.directory, st)
         else:
             st = self._state  # read before the first unstable offset, never after
             first = self.producer_state.first_unstable_offset()

@@ -8,12 +8,12 @@ bounds a fetch by the last stable offset and sends the aborted transactions over
 consumer then skips the batches of those transactions. segstore does both in the read.
 
 * A writable log reads the bound from its producer state and the aborted transactions from the
-  segments' ``.txnindex`` files (Kafka's collectAbortedTransactions). The bound is read first:
-  an ABORT marker writes its index entry before it completes its transaction, so every
-  transaction aborted below the bound is in an index by then.
-* A read-only log has no producer state. It replays the batch headers of its segment list,
-  which gives the bound and the aborted transactions of exactly the data it reads (the
-  writer's index entry may lag the marker a reader sees).
+  segments' ``.txnindex`` files (Kafka's collectAbortedTransactions); see
+  :func:`committed_view` for the order that keeps a racing roll and ABORT out.
+* A read-only log has no producer state. A replay of its segment list's batch headers gives
+  the aborted transactions of exactly the data it reads (the writer's index entry may lag the
+  marker a reader sees); the bound starts from the writer's newest producer snapshot, which
+  knows transactions opened in segments retention deleted.
 
 A batch is left out when it is a transactional data batch of an aborted transaction's producer
 that starts within that transaction's [first offset, ABORT marker]. Markers are never returned
@@ -22,12 +22,13 @@ by either level.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from . import _core
-from .errors import InvalidArgumentError
+from .errors import CorruptIndexError, InvalidArgumentError
+from .producer_snapshots import list_snapshots, read_snapshot
 from .producer_state import ProducerStateManager
 from .transaction_index import AbortedTxn, collect_aborted_transactions
 
@@ -56,22 +57,52 @@ class CommittedView(NamedTuple):
     aborted: list[AbortedTxn]
 
 
-def committed_view(producer_state, st, start_offset: int) -> CommittedView:
-    """The bound and the aborted transactions overlapping [start_offset, bound) of a writable
-    log (its ``producer_state``) as its state ``st`` (a LogState) holds it."""
-    bound = _bound(producer_state.first_unstable_offset(), st)
-    return CommittedView(bound, collect_aborted_transactions(st.segments, start_offset, bound))
+def committed_view(lg, st, start_offset: int) -> CommittedView:
+    """The bound and the aborted transactions overlapping [start_offset, bound) of the writable
+    log ``lg`` for a read of its state ``st`` (a LogState, taken first).
+
+    The order matters. The bound is read after ``st``: a transaction opened later has no data
+    in ``st``. The indexes are walked on the segments the log has *after* the bound was read:
+    an ABORT that completed a transaction before then wrote its entry first, into a segment a
+    roll had already published, which ``st`` may not hold."""
+    bound = _bound(lg.producer_state.first_unstable_offset(), st)
+    segments = lg._state.segments
+    return CommittedView(bound, collect_aborted_transactions(segments, start_offset, bound))
 
 
-def replayed_view(st) -> CommittedView:
-    """The bound and every aborted transaction of a read-only log's state ``st``, from a
-    replay of its batch headers (callers filter by their range)."""
+def replayed_view(directory: str, st) -> CommittedView:
+    """The bound and every aborted transaction of a read-only log's state ``st`` (callers
+    filter by their range): the aborts from a replay of its batch headers, the bound from
+    :func:`readonly_first_unstable`."""
     psm, aborted = ProducerStateManager(), []
     for seg in st.segments:
         buf, batches = seg.read_batch_headers()
         if len(batches):
             aborted.extend(psm.update(buf, batches))
-    return CommittedView(_bound(psm.first_unstable_offset(), st), aborted)
+    return CommittedView(_bound(readonly_first_unstable(directory, st, psm), st), aborted)
+
+
+def readonly_first_unstable(directory: str, st, replayed: Optional[ProducerStateManager] = None):
+    """A read-only log's first unstable offset: from the writer's newest readable producer
+    snapshot within [first segment base, log end] and the batches after it, which still knows a
+    transaction opened in a segment retention deleted; without one, from ``replayed`` (a replay
+    of ``st.segments`` from nothing) or a fresh replay. Nothing is deleted: the files are the
+    writer's."""
+    if st.segments:
+        lo = st.segments[0].base_offset
+        for offset, path in reversed(list(list_snapshots(directory).items())):
+            if not lo <= offset <= st.log_end_offset:
+                continue
+            try:
+                psm = read_snapshot(path)
+            except (CorruptIndexError, OSError):
+                continue  # damaged, or deleted meanwhile: an older one
+            psm.last_snapshot_offset = psm.map_end_offset = offset
+            return ProducerStateManager.rebuild(st.segments, start=psm,
+                                                from_offset=offset).first_unstable_offset()
+    if replayed is None:
+        replayed = ProducerStateManager.rebuild(st.segments)
+    return replayed.first_unstable_offset()
 
 
 def in_range(view: CommittedView, start_offset: int) -> CommittedView:
@@ -136,5 +167,6 @@ def keep_mask(offsets: np.ndarray, ranges: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["READ_UNCOMMITTED", "READ_COMMITTED", "ISOLATION_LEVELS", "read_committed",
-           "CommittedView", "committed_view", "replayed_view", "in_range", "aborted_batches", "aborted_ranges",
+           "CommittedView", "committed_view", "replayed_view", "readonly_first_unstable",
+           "in_range", "aborted_batches", "aborted_ranges",
            "committed_spans", "keep_mask"]

@@ -367,7 +367,7 @@ def test_a_read_only_log_replays_once_per_state(tmp_path, monkeypatch):
     import segstore.log_reads as log_reads
     calls = []
     real = log_reads.replayed_view
-    monkeypatch.setattr(log_reads, "replayed_view", lambda st: calls.append(1) or real(st))
+    monkeypatch.setattr(log_reads, "replayed_view", lambda d, st: calls.append(1) or real(d, st))
     log = open_log(tmp_path / "t-0", segment_bytes=300)
     r = mixed(log)
     ro = open_log(tmp_path / "t-0", readonly=True)
