@@ -102,6 +102,10 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
                                                   had_clean_shutdown=had_clean_shutdown,
                                                   recovered=loaded.txn_rebuild)
         self.producer_state.remove_expired(clock(), producer_id_expiration_ms)
+        # As Kafka's rebuildProducerState ends: a snapshot at the log end unless one is there,
+        # so that what the replay knew survives retention deleting the snapshot it started from.
+        if take_snapshot(self.producer_state, directory, leo):
+            fsync_dir(directory)
 
     # -- snapshot accessors -----------------------------------------------------------------
     @property
