@@ -61,13 +61,13 @@ class LogReads:
         Spark task, asks once per chunk)."""
         if self.producer_state is not None:
             return committed_view(self, st, offset)
-        # A refresh makes a new state each time; the same segments, sizes and offsets are
-        # the same data (the cache holds the segments, so their ids are not reused).
-        key = (tuple(map(id, st.segments)), st.log_start_offset, st.log_end_offset,
+        # A refresh makes a new state each time; the same segments (by serial: the cache must
+        # not keep deleted segments' maps alive), sizes and offsets are the same data.
+        key = (tuple(s.serial for s in st.segments), st.log_start_offset, st.log_end_offset,
                st.segments[-1].size if st.segments else 0)
         cached = getattr(self, "_replayed_view", None)
         if cached is None or cached[0] != key:
-            cached = self._replayed_view = (key, replayed_view(self.directory, st), st.segments)
+            cached = self._replayed_view = (key, replayed_view(self.directory, st))
         return in_range(cached[1], offset)
 
     def _segments_from(self, st: _State, offset: int):

@@ -13,6 +13,7 @@ File naming lives in :mod:`segstore.segment_files`, the checks of a segment's of
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
@@ -45,6 +46,9 @@ __all__ = ["LogSegment", "sealed_index_entries", "Problem", "MAX_RELATIVE_OFFSET
 log = logging.getLogger("segstore.segment")
 
 
+_SERIALS = itertools.count()
+
+
 class LogSegment(SegmentIndexing, SegmentTruncation):
     """A segment: its log file, indexes, size and timestamps. Mutations are the log's job.
 
@@ -60,6 +64,7 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
         self.clock = clock
         self.readonly = readonly
         self.suffix = suffix
+        self.serial = next(_SERIALS)  # unique in the process, unlike id() (caches key on it)
         paths = segment_paths(directory, base_offset, suffix)
         self.log_path = paths[LOG_SUFFIX]
         self._lock = threading.RLock()  # guards opening and remapping (re-entered by buffer())
