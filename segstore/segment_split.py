@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _core
 from .checkpoint import fsync_dir
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, InvalidOffsetError
 from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, MAX_RELATIVE_OFFSET, SWAP_SUFFIX,
                       LogSegment, first_offsets)
 
@@ -36,7 +36,8 @@ def may_overflow(base_offset: int, next_base: Optional[int]) -> bool:
 
 def overflowed_legacy_batch(seg: LogSegment) -> Optional[int]:
     """Index of the first legacy batch of ``seg`` whose last offset does not fit relative to
-    the base offset (the batches before it being in order), or None."""
+    the base offset, or None; also None unless every batch is in offset order from the base
+    (a file whose offsets go back is damage, which recovery truncates, not a file to split)."""
     if seg.size == 0:
         return None
     b = seg.scan(0, seg.size, raise_on_corrupt=False).batches
@@ -47,7 +48,7 @@ def overflowed_legacy_batch(seg: LogSegment) -> Optional[int]:
     ordered[1:] = first[1:] > last[:-1]
     over = (last - seg.base_offset > MAX_RELATIVE_OFFSET) & (b["magic"] < 2)
     i = int(over.argmax())
-    if not over[i] or not ordered[:i + 1].all() or (first[:i] < seg.base_offset).any():
+    if not over[i] or not ordered.all() or (first < seg.base_offset).any():
         return None
     return i
 
@@ -134,7 +135,7 @@ def split_overflowed_segments(segments: list, config, clock) -> list:
             try:
                 out.extend(split_overflowed_segment(seg, config, clock))
                 continue
-            except CorruptRecordError as e:
+            except (CorruptRecordError, InvalidOffsetError) as e:
                 log.warning("not splitting %s, whose offsets overflow: %s", seg.log_path, e)
         out.append(seg)
     return out

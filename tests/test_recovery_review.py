@@ -120,6 +120,32 @@ def test_legacy_overflowed_sealed_segment_is_served_or_reported(tmp_path):
         assert served == [0, 1, BIG, BIG + 1] or lg.verify() != []
 
 
+@pytest.mark.parametrize("clean", [True, False], ids=["clean-marker", "unclean"])
+def test_legacy_overflow_with_offsets_going_back_is_recovered_not_split(tmp_path, clean):
+    """Found by the crash fuzz test (13th session): a file whose first (legacy) batch overflows
+    and whose next batch lies at a lower offset made the split build a segment based at the
+    first offset holding the lower one, and the open failed (InvalidOffsetError from its time
+    index). Offsets that go back are damage: the file is not split, and the open keeps what
+    recovery can."""
+    os.makedirs(os.path.join(str(tmp_path), "t-0"))
+    # hypothesis's example: a v0 message at offset 2^56, then a batch at a lower offset whose
+    # timestamp gives the split segment a time index entry below its base
+    fuzz = bytes.fromhex(
+        "01000000000000000000000f4e3924150000000000016b00000000000000000000000100000038ff"
+        "ffffff0234bb927300000000000000000000000000000000000000000000ffffffffffffffffffff"
+        "ffffffff000000010c000000010100")
+    with open(_seg(tmp_path, 0), "wb") as f:
+        f.write(fuzz)
+    if clean:
+        open(os.path.join(str(tmp_path), CLEAN), "w").close()
+    with segstore.open(str(tmp_path)) as s:
+        lg = s.partition("t", 0)
+        offsets = [r.offset for r in lg.iter_records()]
+        assert offsets == sorted(offsets) and lg.log_end_offset >= len(offsets)
+        assert not [n for n in os.listdir(os.path.join(str(tmp_path), "t-0"))
+                    if n.endswith((".cleaned", ".swap"))]
+
+
 # ---------------------------------------------------------------------------------------------
 # FINDING 2 (diverges): after a clean reopen the roll-by-time clock restarts at open time
 # instead of the first batch's max timestamp (REF §3.3 rule 2; Kafka's loadFirstBatchTimestamp).
