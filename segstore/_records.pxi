@@ -22,7 +22,20 @@ cdef extern from "Python.h":
     void _decref "Py_DECREF" (PyObject* o)
     PyObject* _slot "PyTuple_GET_ITEM" (PyObject* t, Py_ssize_t i)
     void _gc_untrack "PyObject_GC_UnTrack" (void* o)
+    void _gc_track "PyObject_GC_Track" (void* o)
     int _gc_capable "PyObject_IS_GC" (object o)
+    # Allocates an *untracked* GC object of n items (slots uninitialised): what the tuple
+    # type's own constructor uses.
+    PyObject* _gc_new_var "(PyObject*)_PyObject_GC_NewVar" (void* tp, Py_ssize_t n)
+    int _PY_VERSION_HEX "PY_VERSION_HEX"
+
+# The direct allocation below fills every slot itself, so it is used only while a record is
+# exactly a tuple's layout (no __dict__ or __weakref__ slot to zero) and a tuple has no other
+# field to set (CPython 3.14 adds a cached hash to tuples).
+cdef bint _CR_PLAIN_LAYOUT = (ConsumerRecord.__basicsize__ == tuple.__basicsize__
+                              and ConsumerRecord.__dictoffset__ == 0
+                              and ConsumerRecord.__weakrefoffset__ == 0
+                              and _PY_VERSION_HEX < 0x030E0000)
 
 
 cdef inline PyObject* _own(PyObject* o) noexcept:
@@ -47,10 +60,15 @@ cdef inline object _new_record(object topic, object partition, object leader_epo
     is left out of the cyclic garbage collector: nothing it refers to can ever refer back to it.
     CPython would never untrack it itself (it does so only for exact tuples), so every batch of
     records would add thousands of objects each collection rescans."""
-    # Allocate the namedtuple directly (a tuple subclass of 13 slots, zeroed), skipping its
-    # Python __new__: object decode is dominated by per-record allocation.
-    cdef PyObject* t = (<_TypeObj*><PyObject*>_ConsumerRecord).tp_alloc(
-        <void*><PyObject*>_ConsumerRecord, _CR_FIELDS)
+    # Allocate the namedtuple directly (a tuple subclass of 13 slots), skipping its Python
+    # __new__: object decode is dominated by per-record allocation. Allocated untracked (every
+    # slot is set just below), it is never tracked then untracked again.
+    cdef PyObject* t
+    if _CR_PLAIN_LAYOUT:
+        t = _gc_new_var(<void*><PyObject*>_ConsumerRecord, _CR_FIELDS)
+    else:
+        t = (<_TypeObj*><PyObject*>_ConsumerRecord).tp_alloc(
+            <void*><PyObject*>_ConsumerRecord, _CR_FIELDS)
     if t == NULL:
         if key != NULL:
             _decref(key)
@@ -72,8 +90,11 @@ cdef inline object _new_record(object topic, object partition, object leader_epo
     _set_slot(t, 10, _new_ssize(ksize))
     _set_slot(t, 11, _new_ssize(vsize))
     _set_slot(t, 12, _new_ssize(hsize))
-    if untrack:
-        _gc_untrack(t)
+    if not _CR_PLAIN_LAYOUT:
+        if untrack:
+            _gc_untrack(t)
+    elif not untrack:
+        _gc_track(t)
     cdef object rec = <object>t  # takes a second reference; drop the one tp_alloc gave
     _decref(t)
     cdef Py_ssize_t i
