@@ -27,7 +27,7 @@ from .producer_state import (ProducerStateManager, check_marker_fields, check_pr
 from .records import RecordMetadata, TopicPartition
 from .log_deletion import LogDeletion
 from .log_follower import ReadOnlyFollower
-from .log_isolation import readonly_first_unstable
+from .log_isolation import readonly_first_unstable, readonly_producer_state, stable_bound
 from .log_reads import LogReads
 from .log_state import LogState as _State
 from .segment import MAX_RELATIVE_OFFSET, LogSegment
@@ -147,15 +147,14 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         else:
             st = self._state  # read before the first unstable offset, never after
             first = self.producer_state.first_unstable_offset()
-        if first is None:
-            return st.log_end_offset
-        return min(max(first, st.log_start_offset), st.log_end_offset)
+        return stable_bound(first, st)
 
     def active_producers(self) -> dict[int, tuple[int, int]]:
         """{producer id: (last data offset or -1, producer epoch)}: Kafka's
         lastRecordsOfActiveProducers, whose last batches the cleaner keeps."""
-        if self.producer_state is None:
-            return ProducerStateManager.rebuild(self.segments).active_producers()
+        if self.producer_state is None:  # the writer's snapshot knows producers retention removed
+            self._refresh()
+            return readonly_producer_state(self.directory, self._state).active_producers()
         with self._lock:
             return self.producer_state.active_producers()
 

@@ -65,7 +65,7 @@ def committed_view(lg, st, start_offset: int) -> CommittedView:
     in ``st``. The indexes are walked on the segments the log has *after* the bound was read:
     an ABORT that completed a transaction before then wrote its entry first, into a segment a
     roll had already published, which ``st`` may not hold."""
-    bound = _bound(lg.producer_state.first_unstable_offset(), st)
+    bound = stable_bound(lg.producer_state.first_unstable_offset(), st)
     segments = lg._state.segments
     return CommittedView(bound, collect_aborted_transactions(segments, start_offset, bound))
 
@@ -79,15 +79,16 @@ def replayed_view(directory: str, st) -> CommittedView:
         buf, batches = seg.read_batch_headers()
         if len(batches):
             aborted.extend(psm.update(buf, batches))
-    return CommittedView(_bound(readonly_first_unstable(directory, st, psm), st), aborted)
+    return CommittedView(stable_bound(readonly_first_unstable(directory, st, psm), st), aborted)
 
 
-def readonly_first_unstable(directory: str, st, replayed: Optional[ProducerStateManager] = None):
-    """A read-only log's first unstable offset: from the writer's newest readable producer
-    snapshot within [first segment base, log end] and the batches after it, which still knows a
-    transaction opened in a segment retention deleted; without one, from ``replayed`` (a replay
-    of ``st.segments`` from nothing) or a fresh replay. Nothing is deleted: the files are the
-    writer's."""
+def readonly_producer_state(directory: str, st,
+                            replayed: Optional[ProducerStateManager] = None):
+    """A read-only log's producer state at ``st``: the writer's newest readable producer
+    snapshot within [first segment base, log end] plus a replay of the batches after it, which
+    still knows the producers and open transactions of segments retention deleted; without
+    one, ``replayed`` (a replay of ``st.segments`` from nothing) or a fresh replay. Nothing is
+    deleted: the files are the writer's."""
     if st.segments:
         lo = st.segments[0].base_offset
         for offset, path in reversed(list(list_snapshots(directory).items())):
@@ -98,11 +99,15 @@ def readonly_first_unstable(directory: str, st, replayed: Optional[ProducerState
             except (CorruptIndexError, OSError):
                 continue  # damaged, or deleted meanwhile: an older one
             psm.last_snapshot_offset = psm.map_end_offset = offset
-            return ProducerStateManager.rebuild(st.segments, start=psm,
-                                                from_offset=offset).first_unstable_offset()
+            return ProducerStateManager.rebuild(st.segments, start=psm, from_offset=offset)
     if replayed is None:
         replayed = ProducerStateManager.rebuild(st.segments)
-    return replayed.first_unstable_offset()
+    return replayed
+
+
+def readonly_first_unstable(directory: str, st, replayed: Optional[ProducerStateManager] = None):
+    """A read-only log's first unstable offset, from :func:`readonly_producer_state`."""
+    return readonly_producer_state(directory, st, replayed).first_unstable_offset()
 
 
 def in_range(view: CommittedView, start_offset: int) -> CommittedView:
@@ -111,7 +116,9 @@ def in_range(view: CommittedView, start_offset: int) -> CommittedView:
                                       and t.first_offset < view.bound])
 
 
-def _bound(first_unstable, st) -> int:
+def stable_bound(first_unstable, st) -> int:
+    """The last stable offset of ``st`` given its first unstable offset (None: none open):
+    at least the log start offset, at most the log end offset."""
     if first_unstable is None:
         return st.log_end_offset
     return min(max(first_unstable, st.log_start_offset), st.log_end_offset)
@@ -167,6 +174,7 @@ def keep_mask(offsets: np.ndarray, ranges: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["READ_UNCOMMITTED", "READ_COMMITTED", "ISOLATION_LEVELS", "read_committed",
-           "CommittedView", "committed_view", "replayed_view", "readonly_first_unstable",
+           "CommittedView", "committed_view", "replayed_view", "readonly_producer_state",
+           "readonly_first_unstable", "stable_bound",
            "in_range", "aborted_batches", "aborted_ranges",
            "committed_spans", "keep_mask"]
