@@ -29,33 +29,45 @@ def values(recs):
     return [r.value for r in recs]
 
 
+def committed_read_racing(lg, how, writer):
+    """The values a read_committed ``read`` or ``read_columns`` of ``lg`` from 0 returns when
+    ``writer(lg)`` runs between the read taking the log's state and reading the last stable
+    offset (forced by running it from inside the read, once)."""
+    orig, fired = lg._take_fresh_crc, []
+
+    def writer_runs_now():
+        if not fired:
+            fired.append(1)
+            writer(lg)
+        return orig()
+
+    lg._take_fresh_crc = writer_runs_now
+    try:
+        if how == "read":
+            got = values(lg.read(0, isolation_level="read_committed"))
+        else:
+            got = list(lg.read_columns(0, isolation_level="read_committed").values.to_pylist())
+    finally:
+        lg._take_fresh_crc = orig
+    assert fired
+    return got
+
+
 def test_read_committed_racing_a_roll_and_an_abort_never_returns_aborted_records(tmp_path):
     # The writer rolls and appends the ABORT between the reader taking the log's state and
-    # reading the last stable offset (forced here by running the writer from inside the read).
-    # The ABORT's .txnindex entry is in a segment the reader's state does not hold; the bound
-    # read after it already lets the aborted records through.
+    # reading the last stable offset. The ABORT's .txnindex entry is in a segment the reader's
+    # state does not hold; the bound read after it already lets the aborted records through.
+    def roll_and_abort(lg):
+        lg.roll()
+        lg.append_control(ABORT, producer_id=7, producer_epoch=0)
+
     for how in ("read", "read_columns"):
         lg = open_log(tmp_path / how)
         lg.append_batch([b"p0"])
         txn(lg, b"a1")
         lg.append_batch([b"p2"])
-        orig, fired = lg._take_fresh_crc, []
-
-        def writer_runs_now():
-            if not fired:
-                fired.append(1)
-                lg.roll()
-                lg.append_control(ABORT, producer_id=7, producer_epoch=0)
-            return orig()
-
-        lg._take_fresh_crc = writer_runs_now
-        if how == "read":
-            got = values(lg.read(0, isolation_level="read_committed"))
-        else:
-            got = list(lg.read_columns(0, isolation_level="read_committed").values.to_pylist())
-        assert fired
+        got = committed_read_racing(lg, how, roll_and_abort)
         assert b"a1" not in got, got
-        lg._take_fresh_crc = orig
         assert values(lg.read(0, isolation_level="read_committed")) == [b"p0", b"p2"]
         lg.close()
 
@@ -119,25 +131,14 @@ def test_read_only_log_knows_a_transaction_opened_in_a_deleted_segment(tmp_path)
 def test_read_committed_racing_a_new_transaction_stops_before_it(tmp_path):
     # The writer opens a transaction after the reader took the log's state: its records are
     # past that state, and the bound read afterwards stops there too.
+    def open_a_transaction(lg):
+        txn(lg, b"t1")
+        lg.roll()
+        lg.append_batch([b"p2"])
+
     for how in ("read", "read_columns"):
         lg = open_log(tmp_path / how)
         lg.append_batch([b"p0"])
-        orig, fired = lg._take_fresh_crc, []
-
-        def writer_runs_now():
-            if not fired:
-                fired.append(1)
-                txn(lg, b"t1")
-                lg.roll()
-                lg.append_batch([b"p2"])
-            return orig()
-
-        lg._take_fresh_crc = writer_runs_now
-        if how == "read":
-            got = values(lg.read(0, isolation_level="read_committed"))
-        else:
-            got = list(lg.read_columns(0, isolation_level="read_committed").values.to_pylist())
-        assert fired and got == [b"p0"]
-        lg._take_fresh_crc = orig
+        assert committed_read_racing(lg, how, open_a_transaction) == [b"p0"]
         assert values(lg.read(0, isolation_level="read_committed")) == [b"p0"]
         lg.close()
