@@ -364,19 +364,24 @@ class ProducerStateManager:
 
     @classmethod
     def from_snapshot_bytes(cls, data: bytes, path: str = "<snapshot>") -> "ProducerStateManager":
-        """Parse a snapshot; CorruptIndexError on a bad version, CRC or length."""
+        """Parse a snapshot; CorruptIndexError on a bad version, CRC or length.
+
+        As Kafka's readSnapshot: the schema read needs ``count`` whole entries but never checks
+        that they end the file, and the CRC covers every byte after byte 6; so bytes after the
+        entries are accepted when the CRC covers them (and refused by it otherwise)."""
         if len(data) < SNAPSHOT_HEADER.size:
             raise CorruptIndexError(f"producer snapshot {path} is too short ({len(data)} bytes)")
         version, crc, count = SNAPSHOT_HEADER.unpack_from(data)
+        end = SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size
+        if count < 0 or len(data) < end:
+            raise CorruptIndexError(f"producer snapshot {path}: {count} entries do not fit in "
+                                    f"{len(data)} bytes")
         if version != SNAPSHOT_VERSION:
             raise CorruptIndexError(f"producer snapshot {path} has unknown version {version}")
         if _core.crc32c(data[6:]) != crc:
             raise CorruptIndexError(f"producer snapshot {path} fails its CRC check")
-        if count < 0 or len(data) != SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size:
-            raise CorruptIndexError(f"producer snapshot {path}: {count} entries do not fill "
-                                    f"{len(data)} bytes")
         psm = cls()
-        for fields in SNAPSHOT_ENTRY.iter_unpack(data[SNAPSHOT_HEADER.size:]):
+        for fields in SNAPSHOT_ENTRY.iter_unpack(data[SNAPSHOT_HEADER.size:end]):
             e = ProducerStateEntry(*fields)
             psm._producers[e.producer_id] = e
             if e.current_txn_first_offset >= 0:

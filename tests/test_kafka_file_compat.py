@@ -319,6 +319,19 @@ def test_snapshot_trailing_bytes_inside_the_crc_are_ignored(tmp_path):
     assert _psm_entries(read_snapshot(str(path))) == {7: P_ENTRY}
 
 
+def test_dump_log_reads_a_snapshot_with_trailing_bytes_as_kafkas_tool_does(tmp_path, capsys):
+    """DumpLogSegments dumps a .snapshot with ProducerStateManager.readSnapshot."""
+    from segstore.cli import main
+    path = tmp_path / "00000000000000000005.snapshot"
+    write(path, kafka_snapshot([P_ENTRY], trailing=b"\x01\x02\x03"))
+    assert main(["dump-log", "--files", str(path), "--fail-on-error"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "producerId: 7 producerEpoch: 3 " in out
+    write(path, kafka_snapshot([P_ENTRY], trailing=b"\x01", crc_over_trailing=False))
+    assert main(["dump-log", "--files", str(path), "--fail-on-error"]) == 1
+    assert capsys.readouterr().err.startswith("Snapshot is corrupt (CRC is no longer valid)")
+
+
 def test_snapshot_entry_without_a_last_offset_has_no_batch_metadata(tmp_path):
     """readSnapshot builds BatchMetadata only when last_offset >= 0; without it the entry's
     lastSeq() is -1 and lastOffsetDelta() 0 whatever the file held (ProducerStateEntry)."""

@@ -48,15 +48,17 @@ def dump_snapshot(path: str, opts: DumpOptions, findings: Findings) -> None:
     if len(data) < SNAPSHOT_HEADER.size:
         problem = f"Snapshot failed schema validation: {len(data)} bytes is too short"
     else:
+        # readSnapshot's order: the schema read (count whole entries; bytes after them are not
+        # looked at), then the version, then the CRC of every byte after byte 6
         version, crc, count = SNAPSHOT_HEADER.unpack_from(data, 0)
         computed = _core.crc32c(data[6:])
-        if version != SNAPSHOT_VERSION:
+        if count < 0 or len(data) < SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size:
+            problem = f"Snapshot failed schema validation: {count} entries in {len(data)} bytes"
+        elif version != SNAPSHOT_VERSION:
             problem = f"Snapshot contained an unknown file version {version}"
         elif crc != computed:
             problem = (f"Snapshot is corrupt (CRC is no longer valid). Stored crc: {crc}. "
                        f"Computed crc: {computed}")
-        elif count < 0 or len(data) != SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size:
-            problem = f"Snapshot failed schema validation: {count} entries in {len(data)} bytes"
     if problem is not None:
         # Kafka prints the CorruptSnapshotException's message on stderr and carries on.
         print(problem, file=sys.stderr)
