@@ -383,6 +383,10 @@ class ProducerStateManager:
         psm = cls()
         for fields in SNAPSHOT_ENTRY.iter_unpack(data[SNAPSHOT_HEADER.size:end]):
             e = ProducerStateEntry(*fields)
+            if e.last_data_offset < 0:
+                # Kafka keeps the batch (last sequence, offset delta) only when last_offset >= 0;
+                # without one its entry reports sequence -1 and delta 0 (ProducerStateEntry)
+                e.last_sequence, e.last_offset_delta = -1, 0
             psm._producers[e.producer_id] = e
             if e.current_txn_first_offset >= 0:
                 psm._set_ongoing(e.current_txn_first_offset, e.producer_id)
