@@ -2,7 +2,8 @@
 
 An append-only file of 34-byte big-endian entries, one per aborted transaction whose ABORT marker
 lies in the segment: ``int16 version (0) | int64 producerId | int64 firstOffset | int64 lastOffset
-| int64 lastStableOffset``. ``lastOffset`` is the marker's offset; ``lastStableOffset`` is the
+| int64 lastStableOffset``. As in Kafka, a reader takes the version from the entry's first byte
+and refuses only a version above 0 (:func:`entry_version`). ``lastOffset`` is the marker's offset; ``lastStableOffset`` is the
 partition's LSO when the marker was written. Like Kafka's ``TransactionIndex`` the file is not
 preallocated and not mapped, and it is created by the first append (most segments never hold an
 aborted transaction, so most have no file). Entries are read back with ``pread``: the files are
@@ -24,6 +25,14 @@ from .errors import CorruptIndexError, InvalidOffsetError
 ENTRY = struct.Struct(">hqqqq")
 ENTRY_SIZE = ENTRY.size  # 34
 CURRENT_VERSION = 0
+
+
+def entry_version(version_field: int) -> int:
+    """The version Kafka reads from an entry's int16 version field: its first byte, signed
+    (AbortedTxn.version() is ``buffer.get(VERSION_OFFSET)``). Kafka refuses only a version
+    above CURRENT_VERSION, so a field whose first byte is 0 or negative is read."""
+    byte = (version_field >> 8) & 0xFF
+    return byte - 0x100 if byte & 0x80 else byte
 
 
 class AbortedTxn(NamedTuple):
@@ -83,7 +92,8 @@ class TransactionIndex:
             data = data[:len(data) - len(data) % ENTRY_SIZE]  # an entry being written
         out = []
         for version, pid, first, last, lso in ENTRY.iter_unpack(data):
-            if version != CURRENT_VERSION:
+            version = entry_version(version)
+            if version > CURRENT_VERSION:
                 raise CorruptIndexError(
                     f"unexpected aborted transaction version {version} in transaction index "
                     f"{self.path}, current version is {CURRENT_VERSION}")

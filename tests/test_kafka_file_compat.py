@@ -393,6 +393,21 @@ def test_txn_index_version_kafka_accepts(tmp_path, version_bytes):
     idx.sanity_check()
 
 
+def test_dump_log_prints_the_txn_index_version_kafkas_tool_prints(tmp_path, capsys):
+    """DumpLogSegments.dumpTxnIndex prints AbortedTxn.version() (the first byte) of each entry
+    allAbortedTxns returns; an entry of a version above 0 makes the iterator throw."""
+    from segstore.cli import main
+    path = tmp_path / "00000000000000000000.txnindex"
+    write(path, b"\x00\x01" + TXN_ENTRY.pack(0, 5, 10, 20, 21)[2:])
+    assert main(["dump-log", "--files", str(path), "--fail-on-error"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.splitlines()[1:] == [
+        "version: 0 producerId: 5 firstOffset: 10 lastOffset: 20 lastStableOffset: 21"]
+    write(path, b"\x01\x00" + TXN_ENTRY.pack(0, 5, 10, 20, 21)[2:])
+    assert main(["dump-log", "--files", str(path), "--fail-on-error"]) == 1
+    assert "Unexpected aborted transaction version 1" in capsys.readouterr().err
+
+
 def test_txn_index_partial_trailing_entry_is_not_read(tmp_path):
     """The iterator stops when fewer than 34 bytes remain (TransactionIndex.iterable)."""
     idx = _txn_index(tmp_path, TXN_ENTRY.pack(0, 5, 10, 20, 21) + b"\0" * 20)

@@ -154,8 +154,9 @@ def test_sanity_check_rejects_partial_entries_naming_the_file(path):
 
 
 def test_unknown_version_is_corrupt(path):
+    # Kafka reads the version from the entry's first byte (AbortedTxn.version()): 0x0100 is 1
     with open(path, "wb") as f:
-        f.write(struct.pack(ENTRY, 1, 1, 0, 5, 6))
+        f.write(struct.pack(ENTRY, 0x0100, 1, 0, 5, 6))
     idx = TransactionIndex(path)
     with pytest.raises(CorruptIndexError, match="version 1"):
         idx.sanity_check()

@@ -8,6 +8,7 @@ import sys
 
 from .. import _core
 from ..producer_state import SNAPSHOT_ENTRY, SNAPSHOT_HEADER, SNAPSHOT_VERSION
+from ..transaction_index import CURRENT_VERSION, entry_version
 from ._common import print_json
 from .dump_common import DumpOptions, Findings, read_file
 
@@ -21,6 +22,13 @@ def dump_txn_index(path: str, opts: DumpOptions, findings: Findings) -> None:
     n, extra = divmod(len(data), _TXN_ENTRY.size)
     for i in range(n):
         version, pid, first, last, lso = _TXN_ENTRY.unpack_from(data, i * _TXN_ENTRY.size)
+        version = entry_version(version)  # Kafka prints AbortedTxn.version(): the first byte
+        if version > CURRENT_VERSION:     # where Kafka's iterator throws
+            problem = (f"Unexpected aborted transaction version {version} in transaction index "
+                       f"{path}, current version is {CURRENT_VERSION}")
+            print(problem, file=sys.stderr)
+            findings.add(findings.problems, path, problem)
+            return
         if opts.json:
             print_json({"type": "aborted_txn", "version": version, "producerId": pid,
                         "firstOffset": first, "lastOffset": last, "lastStableOffset": lso})
