@@ -102,7 +102,8 @@ class OffsetCheckpointFile:
         return "\n".join(lines) + "\n"
 
     def read(self) -> dict[TopicPartition, int]:
-        """The entries; {} when the file is missing or empty. Malformed files raise, by Kafka's
+        """The entries; {} when the file is missing, empty or has no count line (as Kafka's
+        CheckpointReadBuffer returns an empty list). Malformed files raise, by Kafka's
         reader's rules: lines end at ``\n``, ``\r`` or ``\r\n``; numbers take no padding; an
         entry splits on runs of whitespace into exactly three fields (a blank line or a
         leading blank does not), ignoring trailing blanks; the file is UTF-8."""
@@ -125,7 +126,7 @@ class OffsetCheckpointFile:
         if version != 0:
             raise CheckpointError(f"{self.path}: unrecognized version {version}")
         if len(lines) < 2:
-            raise CheckpointError(f"{self.path}: missing count line")
+            return {}  # CheckpointReadBuffer.read: no count line means no entries
         count = _parse_int(lines[1], self.path, "count line")
         entries = lines[2:]
         if len(entries) != count:
