@@ -26,11 +26,14 @@ class CheckpointError(SegstoreError):
 
 _LINE_END = re.compile(r"\r\n|\r|\n")           # BufferedReader.readLine's line ends
 _WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]+")    # Java's \s
-_INT = re.compile(r"[+-]?[0-9]+")                  # what Integer/Long.parseInt take
+# What Integer/Long.parseInt take: an ASCII sign, then digits read by Character.digit(char, 10),
+# i.e. any Unicode decimal digit (category Nd, Python's \d) that is one UTF-16 char (BMP).
+_INT = re.compile(r"[+-]?\d+")
 
 
 def _parse_int(text: str, path: str, what: str, bits: int = 32) -> int:
-    if not _INT.fullmatch(text) or not -(1 << bits - 1) <= int(text) < 1 << bits - 1:
+    if (not _INT.fullmatch(text) or max(text) > "\uffff"
+            or not -(1 << bits - 1) <= int(text) < 1 << bits - 1):
         raise CheckpointError(f"{path}: malformed {what}")
     return int(text)
 
