@@ -178,11 +178,12 @@ def write(path, data) -> None:
 # Snapshots and .txnindex written by segstore
 
 
-@pytest.fixture
-def store(tmp_path):
+@pytest.fixture(params=["CreateTime", "LogAppendTime"])
+def store(tmp_path, request):
     clock = FakeClock(T0)
     s = segstore.open(str(tmp_path / "s"), clock=clock)
-    s.create_topic("t", config={"segment.index.bytes": 4096})
+    s.create_topic("t", config={"segment.index.bytes": 4096,
+                                "message.timestamp.type": request.param})
     yield s, clock
     s.close()
 
@@ -205,9 +206,11 @@ def test_snapshot_and_txn_index_bytes_match_kafkas(store):
     lg = s.partition("t", 0)
 
     def data(pid, n, epoch, seq, txn=False):
-        clock.advance(7)
+        now = clock.advance(7)
+        # the largest timestamp first: the entry keeps the batch's max timestamp
         lg.append_batch([b"v%d" % i for i in range(n)], producer_id=pid, producer_epoch=epoch,
-                        base_sequence=seq, is_transactional=txn)
+                        base_sequence=seq, is_transactional=txn,
+                        timestamps_ms=[now + 3 - i for i in range(n)])
 
     def marker(pid, epoch, ctype, coord):
         clock.advance(11)
