@@ -3,11 +3,12 @@
 An append-only file of 34-byte big-endian entries, one per aborted transaction whose ABORT marker
 lies in the segment: ``int16 version (0) | int64 producerId | int64 firstOffset | int64 lastOffset
 | int64 lastStableOffset``. As in Kafka, a reader takes the version from the entry's first byte
-and refuses only a version above 0 (:func:`entry_version`). ``lastOffset`` is the marker's offset; ``lastStableOffset`` is the
-partition's LSO when the marker was written. Like Kafka's ``TransactionIndex`` the file is not
-preallocated and not mapped, and it is created by the first append (most segments never hold an
-aborted transaction, so most have no file). Entries are read back with ``pread``: the files are
-small and read rarely (the cleaner, read_committed reads, recovery checks).
+and refuses only a version above 0 (:func:`entry_version`). ``lastOffset`` is the marker's
+offset; ``lastStableOffset`` is the partition's LSO when the marker was written. Like Kafka's
+``TransactionIndex`` the file is not preallocated and not mapped, and it is created by the first
+append (most segments never hold an aborted transaction, so most have no file). Entries are read
+back with ``pread``: the files are small and read rarely (the cleaner, read_committed reads,
+recovery checks).
 
 One lock per index serializes the writer's appends and truncations with readers, so a reader in
 another thread (the cleaner) never reads through a descriptor that is being closed.
