@@ -189,7 +189,14 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
     def append_batch(self, values, keys=None, headers=None, timestamps_ms=None, *,
                      compression=None, producer_id: int = -1, producer_epoch: int = -1,
                      base_sequence: int = -1, is_transactional: bool = False) -> AppendInfo:
-        """Append records from Python lists as one batch (offsets assigned by the log)."""
+        """Append records from Python lists as one batch (offsets assigned by the log).
+
+        ``producer_id``, ``producer_epoch``, ``base_sequence`` and ``is_transactional`` are an
+        idempotent or transactional producer's fields. The batch is checked as Kafka's leader
+        checks it: an epoch older than the producer's (fenced) or a sequence that does not
+        follow its last batch raises InvalidRecordError and writes nothing. A retry of the
+        producer's last batch is not written again: its first append's offsets come back, with
+        ``size_bytes`` 0."""
         self._check_writable()
         check_producer_fields(producer_id, producer_epoch, base_sequence, is_transactional)
         log_validator.check_keys(self, keys)
@@ -438,7 +445,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
 
     # -- rolling and flushing ---------------------------------------------------------------
     def roll(self) -> LogSegment:
-        """Start a new active segment at the log end offset (no-op if the active one is empty)."""
+        """Start a new active segment at the log end offset (no-op if the active one is empty).
+        The older segments are flushed and a producer snapshot is written at the new base."""
         self._check_writable()
         with self._lock:
             return self._roll_locked(self._state.log_end_offset)
@@ -549,7 +557,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Flush (writable logs), trim the active segment's indexes and close every file."""
+        """Flush (writable logs), write a producer snapshot at the log end (writable logs),
+        trim the active segment's indexes and close every file."""
         if self._closed:
             return
         with self._lock:

@@ -511,8 +511,8 @@ class LogStore:
             lg.delete_old_snapshots()
 
     def start_services(self) -> None:
-        """Start the background thread that runs :meth:`tick` (flusher, checkpoints, deletes)
-        and the ``log.cleaner.threads`` cleaner threads."""
+        """Start the background thread that runs :meth:`tick` (flusher, checkpoints, retention,
+        producer expiration, deletes) and the ``log.cleaner.threads`` cleaner threads."""
         self._check_writable()
         if self._services:
             return
@@ -530,8 +530,9 @@ class LogStore:
         self._services.append(t)
 
     def verify(self) -> list:
-        """A full CRC and index check of every partition: a list of ``Problem`` (file, position,
-        message), empty when the store is sound. Nothing is changed."""
+        """A full CRC, index and producer-snapshot check of every partition: a list of
+        ``Problem`` (file, position, message), empty when the store is sound. Nothing is
+        changed."""
         self._check_open()
         problems = []
         for tp in sorted(self._logs):
@@ -552,8 +553,9 @@ class LogStore:
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop services, flush and close every log, write checkpoints and the clean-shutdown
-        marker, release the lock. Safe to call twice."""
+        """Stop services, flush and close every log (each writes a producer snapshot at its log
+        end), delete the ``.deleted`` files still waiting, write checkpoints and the
+        clean-shutdown marker, release the lock. Safe to call twice."""
         if self._closed:
             return
         self._stop.set()
@@ -589,7 +591,11 @@ def open(path: str, config: Optional[Mapping] = None, clock: Optional[Callable[[
     """Open (creating if needed) the store at ``path``.
 
     ``config`` holds store-wide settings under Kafka's broker names; ``clock`` returns
-    milliseconds and drives every time rule; ``readonly=True`` takes no lock and reads safely
-    while another process writes.
+    milliseconds and drives every time rule; ``readonly=True`` takes no lock, creates nothing
+    (FileNotFoundError when ``path`` does not exist) and reads safely while another process
+    writes. A writable open takes ``<path>/.lock`` (StoreLockedError while another writer holds
+    it) and recovers the logs if the last close was not clean. A topic metadata file that
+    cannot be read raises CorruptMetadataError, one with invalid config overrides
+    InvalidConfigError; both name the file.
     """
     return LogStore(path, config=config, clock=clock, readonly=readonly)

@@ -66,10 +66,12 @@ _KAFKA_DECODER_CLASSES = {
 def register(subparsers) -> None:
     """Add the ``dump-log`` subcommand."""
     p = subparsers.add_parser(
-        "dump-log", help="print segment, index and transaction-index files (kafka-dump-log.sh)",
-        description="Dump .log, .index, .timeindex and .txnindex files, written by segstore or "
-                    "by Kafka, in kafka-dump-log.sh's format. Problems are summarised on stderr; "
-                    "the exit status is 0 unless --fail-on-error is given.")
+        "dump-log", help="print segment, index, transaction-index and producer snapshot files "
+                         "(kafka-dump-log.sh)",
+        description="Dump .log, .index, .timeindex, .txnindex and .snapshot files, written by "
+                    "segstore or by Kafka, in kafka-dump-log.sh's format. Problems are "
+                    "summarised on stderr; the exit status is 0 unless a file does not exist "
+                    "or --fail-on-error is given and a problem is found.")
     p.add_argument("--files", required=True, metavar="FILE1,FILE2,...",
                    type=_file_list,
                    help="REQUIRED: comma-separated .log, .index, .timeindex, .txnindex and "
@@ -102,7 +104,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true",
                    help="one JSON object per file, batch, record, index entry and problem")
     p.add_argument("--fail-on-error", action="store_true",
-                   help="exit 1 when a CRC, index, offset-order or trailing-byte problem is found")
+                   help="exit 1 when a CRC, index, offset-order, trailing-byte or producer snapshot "
+                        "problem is found")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     p.set_defaults(func=run)
 

@@ -14,9 +14,10 @@ from ._common import (CommandError, add_store_options, check_store_dir, iter_par
 def register(subparsers) -> None:
     """Add the ``verify``, ``recover`` and ``retention`` subcommands."""
     p = subparsers.add_parser(
-        "verify", help="check every batch CRC and index entry; exit 1 on problems",
-        description="Check every batch's CRC and layout and every index entry against its log, "
-                    "without changing anything (the store is opened read-only, so a live writer "
+        "verify", help="check every batch CRC, index entry and producer snapshot; exit 1 on "
+                        "problems",
+        description="Check every batch's CRC and layout, every index entry against its log "
+                    "and every producer snapshot, without changing anything (the store is opened read-only, so a live writer "
                     "may keep running). Exit status 1 when a problem is found.")
     add_store_options(p)
     p.add_argument("--topic", action="append", default=None,
