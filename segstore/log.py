@@ -514,8 +514,11 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
             self._maybe_flush_locked(self.clock() if now_ms is None else now_ms)
 
     def remove_expired_producers(self, now_ms: Optional[int] = None) -> list[int]:
-        """Forget producers idle for ``producer.id.expiration.ms`` (the store runs this every
-        ``producer.id.expiration.check.interval.ms``); returns their ids."""
+        """Forget the producers without an open transaction whose last batch's timestamp is
+        ``producer.id.expiration.ms`` or more before ``now_ms`` (default: the clock); returns
+        their ids. The store runs this every ``producer.id.expiration.check.interval.ms`` in
+        :meth:`LogStore.tick`, and a log runs it when it opens. Read-only logs keep no
+        producer state: they return []."""
         if self.readonly or self._closed:
             return []
         with self._lock:

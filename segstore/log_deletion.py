@@ -81,7 +81,9 @@ class LogDeletion:
             fn(self.topic_partition, offset)
 
     def delete_records(self, before_offset: int) -> int:
-        """Raise the log start offset to ``before_offset`` (Kafka's DeleteRecords)."""
+        """Raise the log start offset to ``before_offset`` (Kafka's DeleteRecords) and return
+        the log start offset; OffsetOutOfRangeError past the log end. The space is freed by
+        the next retention pass (segments wholly below the new start)."""
         self._check_writable()
         before_offset = offset_argument(before_offset, "delete_records offset")
         with self._lock:

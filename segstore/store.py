@@ -324,7 +324,9 @@ class LogStore:
 
     def append(self, topic: str, value, key=None, headers=None, partition: Optional[int] = None,
                timestamp_ms: Optional[int] = None) -> RecordMetadata:
-        """Append one record to a topic, partitioned as Kafka's producer would."""
+        """Append one record to a topic: to ``partition``, or where Kafka's default
+        partitioner sends its key (murmur2; a record without a key goes to the next
+        partition in turn, see :meth:`partition_for`)."""
         self._check_writable()
         if partition is None:
             partition = self.partition_for(topic, key)
@@ -497,7 +499,9 @@ class LogStore:
         return results
 
     def write_checkpoints(self) -> None:
-        """Write the recovery-point and log-start-offset checkpoint files."""
+        """Write the recovery-point and log-start-offset checkpoint files, then delete the
+        producer snapshots recovery no longer needs (see
+        :meth:`PartitionLog.delete_old_snapshots`)."""
         self._check_writable()
         logs = dict(self._logs)
         # Both files share one directory fsync. A crash can leave one old and one new, as it
