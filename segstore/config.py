@@ -274,7 +274,8 @@ _STORE_KEYS = [ConfigKey(*row[:4], None, row[4], "store", *row[5:]) for row in [
      "timestamp, unless it has an open transaction. It is checked every "
      "producer.id.expiration.check.interval.ms and when a log opens."),
     ("producer.id.expiration.check.interval.ms", "int", 600_000, _MIN1,
-     "Period of removing expired producer ids from every partition's producer state."),
+     "Period of removing expired producer ids from every partition's producer state, in "
+     "LogStore.tick() (which start_services() runs in the background)."),
     ("num.recovery.threads.per.data.dir", "int", 1, _MIN1,
      "Accepted for compatibility: segstore recovers and flushes logs one after the other."),
     ("log.roll.ms", "long", None, _MIN1, "Default segment.ms; wins over log.roll.hours.",
