@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 
 from . import _core
-from .errors import InvalidConfigError
+from .errors import InvalidArgumentError, InvalidConfigError, is_int
 
 ENV_LIMIT = "SEGSTORE_BUFFER_POOL_BYTES"
 DEFAULT_LIMIT = 256 << 20
@@ -44,10 +44,10 @@ def set_limit(nbytes: int) -> int:
 
     Lowering the limit unmaps kept blocks, oldest first, until the rest fit.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(f"buffer pool limit must be an int, got {type(nbytes).__name__}")
-    if not 0 <= nbytes <= MAX_LIMIT:
-        raise ValueError(f"buffer pool limit must be between 0 and {MAX_LIMIT}, got {nbytes}")
+    if not is_int(nbytes) or not 0 <= nbytes <= MAX_LIMIT:
+        raise InvalidArgumentError(f"buffer pool limit must be an int from 0 to {MAX_LIMIT}, "
+                                   f"got {nbytes!r}")
+    nbytes = int(nbytes)
     return _core.buffer_pool_set_limit(nbytes)
 
 

@@ -18,7 +18,7 @@ from .checkpoint import fsync_dir
 from .columns import BinaryColumn
 from .compression import codec_id
 from .errors import (CorruptIndexError, InvalidRecordError, ReadOnlyStoreError, RecordTooLargeError,
-                     StoreClosedError, offset_argument)
+                     StoreClosedError, now_argument, offset_argument)
 from .loader import load_segments
 from .producer_snapshots import (delete_snapshots_before, list_snapshots, load_producer_state,
                                  read_snapshot, take_snapshot)
@@ -511,7 +511,7 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         if self.readonly or self._closed:
             return
         with self._lock:
-            self._maybe_flush_locked(self.clock() if now_ms is None else now_ms)
+            self._maybe_flush_locked(now_argument(now_ms, self.clock))
 
     def remove_expired_producers(self, now_ms: Optional[int] = None) -> list[int]:
         """Forget the producers without an open transaction whose last batch's timestamp is
@@ -522,7 +522,7 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         if self.readonly or self._closed:
             return []
         with self._lock:
-            now = self.clock() if now_ms is None else now_ms
+            now = now_argument(now_ms, self.clock)
             return self.producer_state.remove_expired(now, self.producer_id_expiration_ms)
 
     def delete_old_snapshots(self) -> None:

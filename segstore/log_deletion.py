@@ -58,8 +58,11 @@ class LogDeletion:
     def truncate_fully_and_start_at(self, new_offset: int) -> None:
         """Delete every segment and start an empty log at ``new_offset``."""
         self._check_writable()
-        if new_offset < 0:
-            raise InvalidOffsetError(f"cannot start a log at a negative offset {new_offset}")
+        # Checked before anything is retired: a bad argument must leave the log as it was.
+        new_offset = offset_argument(new_offset, "new_offset")
+        if not 0 <= new_offset < 1 << 63:
+            raise InvalidOffsetError(f"cannot start a log at offset {new_offset}: offsets are "
+                                     f"from 0 to 2**63 - 1")
         with self._lock:
             self._truncate_fully_locked(new_offset, new_offset)
 

@@ -27,7 +27,7 @@ from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                          create_marker, fsync_dir, write_atomic_many)
 from .config import StoreConfig, TopicConfig
 from .errors import (InvalidConfigError, InvalidRecordError, InvalidTopicError, OffsetTypeError,
-                     ReadOnlyStoreError, offset_argument, StoreClosedError,
+                     ReadOnlyStoreError, offset_argument, now_argument, StoreClosedError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .file_lock import FileLock
 from .log import PartitionLog
@@ -362,7 +362,7 @@ class LogStore:
         delay has passed."""
         if self.readonly or self._closed:
             return
-        now = self.clock() if now_ms is None else now_ms
+        now = now_argument(now_ms, self.clock)
         for lg in list(self._logs.values()):
             lg.maybe_flush(now)
         interval = min(self.config["log.flush.offset.checkpoint.interval.ms"],
@@ -409,7 +409,7 @@ class LogStore:
             self._check_open()
         else:
             self._check_writable()
-        now = self.clock() if now_ms is None else now_ms
+        now = now_argument(now_ms, self.clock)
         report = RetentionReport(now_ms=now, dry_run=dry_run)
         with self._lock:
             logs = list(self._logs.items())
@@ -459,6 +459,8 @@ class LogStore:
         (a round ends early when the offset map fills up). ``now_ms`` defaults to the clock.
         """
         self._check_writable()
+        if now_ms is not None:
+            now_argument(now_ms, self.clock)  # refused before anything is cleaned
         if partition is not None and topic is None:
             raise InvalidTopicError("compact(partition=...) needs a topic")
         if topic is not None:

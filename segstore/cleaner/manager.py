@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..checkpoint import CLEANER_OFFSET_CHECKPOINT, CheckpointError, OffsetCheckpointFile
-from ..errors import CleaningAbortedError, InvalidOffsetError
+from ..errors import CleaningAbortedError, InvalidOffsetError, now_argument
 from ..records import TopicPartition
 from .stats import PreCleanStats
 
@@ -461,7 +461,7 @@ class LogCleanerManager:
     # -- explanation ------------------------------------------------------------------------
     def describe(self, topic: str, partition: int, now_ms: Optional[int] = None) -> dict:
         """What an operator tunes by, for one partition (``segstore describe``)."""
-        now = self.clock() if now_ms is None else now_ms
+        now = now_argument(now_ms, self.clock)
         tp = TopicPartition(topic, partition)
         lg = self._logs()[tp]
         cfg = lg.config

@@ -50,7 +50,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     name = "segstore"
     try:
         try:
-            args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+            args, extra = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+            if extra:  # argparse would blame the top-level parser, whose help lacks the options
+                raise UsageError(f"unrecognized arguments: {' '.join(extra)}",
+                                 prog=f"segstore {args.command}")
         except SystemExit as e:  # --help and --version exit through argparse
             status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         else:

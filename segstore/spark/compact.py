@@ -19,7 +19,7 @@ import functools
 import logging
 from typing import Iterable, Optional
 
-from ..errors import InvalidTopicError, UnknownTopicOrPartitionError
+from ..errors import InvalidTopicError, UnknownTopicOrPartitionError, now_argument
 from . import stores
 from .options import DEFAULT_LOCK_TIMEOUT_MS, normalize_location
 
@@ -62,13 +62,15 @@ def _needs_cleaning(store, topic: str, partition: int, force: bool,
     clean = [s for s in segments_in_range(store.partition(topic, partition).segments, 0,
                                           first_dirty) if s.base_offset < first_dirty]
     horizon = earliest_delete_horizon(clean)
-    now = store.clock() if now_ms is None else now_ms
+    now = now_argument(now_ms, store.clock)
     return horizon is not None and horizon <= now
 
 
 def plan(path: str, topics: Optional[Iterable[str]] = None, force: bool = False,
          now_ms: Optional[int] = None) -> list:
     """``[(topic, partition)]`` the cleaner would work on, decided on a read-only store."""
+    if now_ms is not None:
+        now_argument(now_ms, None)  # refused before any store is opened
     with stores.readonly(path) as store:
         if not hasattr(store, "compact"):
             raise NotImplementedError(
