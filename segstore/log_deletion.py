@@ -7,11 +7,13 @@ its snapshot state (``self._state``) in one assignment, so readers see the log b
 
 from __future__ import annotations
 
+from collections import abc
 from typing import Optional
 
 from . import log_swap
 from .checkpoint import fsync_dir
-from .errors import InvalidOffsetError, OffsetOutOfRangeError, offset_argument
+from .errors import (InvalidArgumentError, InvalidOffsetError, OffsetOutOfRangeError,
+                     offset_argument)
 from .flusher import PendingFlush
 from .log_state import LogState as _State
 from .producer_snapshots import delete_snapshots, reload_producer_state, take_snapshot
@@ -100,10 +102,27 @@ class LogDeletion:
             return self._state.log_start_offset
 
     def delete_segments(self, segments, new_log_start: Optional[int] = None) -> None:
-        """Remove segments from the log (retention), renaming their files ``.deleted``."""
+        """Remove segments from the log (retention), renaming their files ``.deleted``.
+
+        ``segments`` must be segments of this log and ``new_log_start`` an int offset (or
+        None): anything else raises before a file is renamed (InvalidArgumentError,
+        OffsetTypeError)."""
         self._check_writable()
+        if new_log_start is not None:
+            new_log_start = offset_argument(new_log_start, "new_log_start")
+        if isinstance(segments, (str, bytes)) or not isinstance(segments, abc.Iterable):
+            raise InvalidArgumentError(f"segments must be a list of this log's segments, not "
+                                       f"{type(segments).__name__}")
+        segments = list(segments)
         with self._lock:
             st = self._state
+            live = {id(s) for s in st.segments}
+            for s in segments:
+                # Another log's segment would lose that log's data; a stray object would fail
+                # half way, after renaming the segments before it.
+                if id(s) not in live:
+                    raise InvalidArgumentError(
+                        f"{s!r} is not a segment of {self.topic}-{self.partition}")
             gone = {id(s) for s in segments}
             keep = tuple(s for s in st.segments if id(s) not in gone)
             if not keep:
