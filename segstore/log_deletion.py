@@ -17,7 +17,7 @@ from .errors import (InvalidArgumentError, InvalidOffsetError, OffsetOutOfRangeE
 from .flusher import PendingFlush
 from .log_state import LogState as _State
 from .producer_snapshots import delete_snapshots, reload_producer_state, take_snapshot
-from .segment import DELETED_SUFFIX, LogSegment
+from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, LogSegment
 
 
 class LogDeletion:
@@ -110,10 +110,7 @@ class LogDeletion:
         self._check_writable()
         if new_log_start is not None:
             new_log_start = offset_argument(new_log_start, "new_log_start")
-        if isinstance(segments, (str, bytes)) or not isinstance(segments, abc.Iterable):
-            raise InvalidArgumentError(f"segments must be a list of this log's segments, not "
-                                       f"{type(segments).__name__}")
-        segments = list(segments)
+        segments = _segment_list(segments, "segments")
         with self._lock:
             st = self._state
             live = {id(s) for s in st.segments}
@@ -142,6 +139,14 @@ class LogDeletion:
         """Swap cleaned segments in for old ones with Kafka's crash-safe protocol (REF §2.2;
         :func:`segstore.log_swap.replace_segments`)."""
         self._check_writable()
+        new_segments = _segment_list(new_segments, "new_segments")
+        old_segments = _segment_list(old_segments, "old_segments")
+        for s in new_segments:
+            # The swap renames them .cleaned -> .swap one by one: one that is not a cleaned
+            # segment of this directory would fail after the others were renamed.
+            if s.suffix != CLEANED_SUFFIX or s.directory != self.directory:
+                raise InvalidArgumentError(f"new_segments must be {CLEANED_SUFFIX} segments "
+                                           f"of {self.directory}, not {s!r}")
         return log_swap.replace_segments(self, new_segments, old_segments,
                                          expected_truncations=expected_truncations,
                                          sync_directory=sync_directory)
@@ -151,3 +156,15 @@ class LogDeletion:
         if seg.suffix == "":
             seg.change_file_suffixes("", DELETED_SUFFIX)
         self._delete_later(seg, self.config.file_delete_delay_ms)  # the live config's delay
+
+
+def _segment_list(segments, what: str) -> list:
+    """``segments`` as a list of LogSegments, or InvalidArgumentError naming ``what``."""
+    if isinstance(segments, (str, bytes)) or not isinstance(segments, abc.Iterable):
+        raise InvalidArgumentError(f"{what} must be a list of segments, not "
+                                   f"{type(segments).__name__}")
+    segments = list(segments)
+    for s in segments:
+        if not isinstance(s, LogSegment):
+            raise InvalidArgumentError(f"{what} must be a list of segments, not holding {s!r}")
+    return segments
