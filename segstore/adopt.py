@@ -50,13 +50,15 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import abc
 from typing import Optional
 
 import numpy as np
 
 from . import _core, log_validator
 from .checkpoint import fsync_dir
-from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
+from .errors import (CorruptRecordError, InvalidArgumentError, InvalidRecordError,
+                     RecordTooLargeError)
 from .producer_snapshots import take_snapshot
 from .producer_state import has_producer_batches
 from .segment import (CLEANED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment,
@@ -145,6 +147,35 @@ class _Staged:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def adoption_paths(lg, paths) -> list:
+    """``paths`` as a list, checked before any file is opened: a non-empty list of distinct
+    paths (str, bytes or os.PathLike), none of them inside a partition directory of the
+    store (a segment of this log or another would be renamed into this one with its offsets
+    rewritten, its own log losing it); InvalidArgumentError otherwise."""
+    if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, abc.Iterable):
+        raise InvalidArgumentError(f"paths must be a list of file paths, not "
+                                   f"{type(paths).__name__} (adopt_segment_file takes one)")
+    paths = list(paths)
+    if not paths:
+        raise InvalidArgumentError("adopt_segment_files needs at least one file")
+    root = os.path.realpath(os.path.dirname(lg.directory))
+    seen = set()
+    for p in paths:
+        if not isinstance(p, (str, bytes, os.PathLike)):
+            raise InvalidArgumentError(f"a file to adopt is a str, bytes or os.PathLike path, "
+                                       f"not {type(p).__name__}")
+        real = os.path.realpath(p)
+        if isinstance(real, bytes):
+            real = os.fsdecode(real)
+        if os.path.dirname(os.path.dirname(real)) == root:
+            raise InvalidArgumentError(f"{os.fsdecode(p)} is in a partition directory of the "
+                                       f"store: only staged files can be adopted")
+        if real in seen:
+            raise InvalidArgumentError(f"{os.fsdecode(p)} is given twice")
+        seen.add(real)
+    return paths
 
 
 def adopt_files(lg, paths, validate_crc: bool = True) -> "AppendInfo":

@@ -290,8 +290,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         inode and change time are still what its task recorded).
         """
         self._check_writable()
-        from .adopt import adopt_files
-        return adopt_files(self, list(paths), validate_crc)
+        from .adopt import adopt_files, adoption_paths
+        return adopt_files(self, adoption_paths(self, paths), validate_crc)
 
     def _log_append_time(self, now: int) -> Optional[int]:
         return now if self.config.message_timestamp_type == "LogAppendTime" else None
