@@ -258,7 +258,13 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
             raise InvalidRecordError(f"origin must be one of {', '.join(APPEND_ORIGINS)}, got "
                                      f"{origin!r}")
         self._check_writable()
-        buf = bytearray(data)
+        try:
+            # A buffer only: bytearray(n) of an int would append n zero bytes (2**62: an
+            # allocation that fails or exhausts memory), of a str or float raise TypeError.
+            buf = bytearray(memoryview(data))
+        except (TypeError, ValueError, BufferError):
+            raise InvalidRecordError(f"append_records takes bytes-like encoded batches, not "
+                                     f"{type(data).__name__}") from None
         res = _core.scan_batches(buf, validate_crc=True)
         if res.torn or res.valid_end != len(buf):
             raise InvalidRecordError("appended data ends with an incomplete batch")
