@@ -177,6 +177,7 @@ class LogReads:
         fresh = self._take_fresh_crc()
         offset = st.log_start_offset if offset is None else offset
         self._check_read_offset(offset, st)
+        _check_limit("max_records", max_records, allow_none=True)
         end = (st.log_end_offset if end_offset is None
                else min(offset_argument(end_offset, "end_offset"), st.log_end_offset))
         aborted = []
@@ -227,7 +228,8 @@ class LogReads:
         """Every record in [start_offset, end_offset), batch by batch (``read_committed``:
         below the last stable offset, without aborted transactions' records)."""
         committed = read_committed(isolation_level)
-        offset = self.log_start_offset if start_offset is None else start_offset
+        offset = (self.log_start_offset if start_offset is None
+                  else offset_argument(start_offset, "start_offset"))
         end = (self.log_end_offset if end_offset is None
                else offset_argument(end_offset, "end_offset"))
         while offset < end:
