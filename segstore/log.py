@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import abc
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -175,6 +176,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
     # -- appending --------------------------------------------------------------------------
     def append(self, value, key=None, headers=None, timestamp_ms=None) -> RecordMetadata:
         """Append one record; returns where it landed (kafka-python's RecordMetadata)."""
+        if isinstance(headers, abc.Iterator):
+            headers = list(headers)  # read by the encoder, then for the header size below
         info = self.append_batch([value], None if key is None else [key],
                                  None if headers is None else [headers],
                                  None if timestamp_ms is None else [timestamp_ms])
@@ -199,6 +202,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         ``size_bytes`` 0."""
         self._check_writable()
         check_producer_fields(producer_id, producer_epoch, base_sequence, is_transactional)
+        if isinstance(keys, abc.Iterator):
+            keys = list(keys)  # read by the null-key check, then by the encoder
         log_validator.check_keys(self, keys)
         codec = self._codec(compression)
         with self._lock:  # encoding at the log end offset: nothing to patch afterwards

@@ -6,6 +6,7 @@ refused here too, before anything is written.
 
 from __future__ import annotations
 
+from collections import abc
 from typing import Optional
 
 from . import _core
@@ -25,6 +26,9 @@ def check_keys(log, keys) -> None:
         return
     if keys is None:
         _refuse(log)
+    if isinstance(keys, (str, bytes, bytearray, memoryview)) or not isinstance(keys, abc.Iterable):
+        # ``None in keys`` would raise TypeError (or look for a substring).
+        raise InvalidRecordError(f"keys must be a sequence of keys, not {type(keys).__name__}")
     if None in keys:  # a compiled scan; only a refusal looks for which record
         _refuse(log, f" (record {next(i for i, k in enumerate(keys) if k is None)})")
 
