@@ -451,6 +451,10 @@ def check_producer_fields(producer_id, producer_epoch, base_sequence,
     """A batch's producer fields as Kafka's header holds them (int64, int16, int32) and as its
     record builder allows them (MemoryRecordsBuilder.validateProducerState), or
     InvalidRecordError naming the field."""
+    if is_transactional is not False and is_transactional is not True \
+            and not isinstance(is_transactional, np.bool_):
+        # Any other truthy value ("false", 1.5) would write a transactional batch.
+        raise InvalidRecordError(f"is_transactional must be a bool, got {is_transactional!r}")
     if type(producer_id) is type(producer_epoch) is type(base_sequence) is int \
             and producer_id == producer_epoch == base_sequence == -1 \
             and not is_transactional and not control:
