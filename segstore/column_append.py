@@ -69,13 +69,14 @@ def chunk_rows(values: BinaryColumn, keys: Optional[BinaryColumn], records_per_b
         raise InvalidRecordError(f"records_per_batch must be a positive int (at most 2**31 - 1), "
                                  f"got {records_per_batch!r}")
     n = len(values)
+    if keys is not None and len(keys) != n:
+        # Checked here: the encoder sees each chunk's rows of both columns, the same number.
+        raise InvalidRecordError(f"{len(keys)} keys for {n} values")
     if n <= records_per_batch:
         return n
     lengths = _checked_lengths(values, "values")
     total = int(lengths.sum())
     if keys is not None:
-        if len(keys) != n:
-            raise InvalidRecordError(f"{len(keys)} keys for {n} values")
         lengths = lengths + _checked_lengths(keys, "keys")
         total += int(keys.offsets[-1] - keys.offsets[0])
     if int(lengths.max()) + RECORD_OVERHEAD_MAX + BATCH_OVERHEAD > max_batch_bytes:
