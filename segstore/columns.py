@@ -27,6 +27,13 @@ class BinaryColumn:
     valid: np.ndarray
 
     def __post_init__(self):
+        for name in ("data", "offsets", "valid"):
+            a = getattr(self, name)
+            # The encoders and hashes read the arrays as C-contiguous 1-d buffers: anything
+            # else failed there with AttributeError or ValueError.
+            if not isinstance(a, np.ndarray) or a.ndim != 1 or not a.flags.c_contiguous:
+                raise InvalidRecordError(f"BinaryColumn.{name} must be a 1-d C-contiguous numpy "
+                                         f"array, not {_describe(a)}")
         if self.offsets.dtype != np.int64 or self.offsets.ndim != 1:
             raise InvalidRecordError("BinaryColumn.offsets must be a 1-d int64 array")
         if self.data.dtype != np.uint8 or self.data.ndim != 1:
@@ -69,6 +76,11 @@ class BinaryColumn:
         keep = _keep_argument(keep, len(self))
         lengths = self.lengths
         start, stop = int(self.offsets[0]), int(self.offsets[-1])
+        # A BinaryColumn does not check its offsets (the encoders and hashes do, per value):
+        # bad ones raised IndexError or ValueError from numpy here.
+        if start < 0 or stop > len(self.data) or (len(lengths) and lengths.min() < 0):
+            raise InvalidRecordError("BinaryColumn.offsets are not increasing or point outside "
+                                     "its data")
         data = self.data[start:stop][np.repeat(keep, lengths)]
         offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
         np.cumsum(lengths[keep], out=offsets[1:])
@@ -92,6 +104,11 @@ class BinaryColumn:
             # Not a list: its characters or bytes would silently become one value each.
             raise InvalidRecordError(f"from_pylist takes a list of values, not one "
                                      f"{type(values).__name__}")
+        if not hasattr(values, "__len__"):
+            if not isinstance(values, Iterable):
+                raise InvalidRecordError(f"from_pylist takes a list of values, not "
+                                         f"{type(values).__name__}")
+            values = list(values)  # a generator
         n = len(values)
         valid = np.ones(n, dtype=np.bool_)
         parts = []
@@ -101,7 +118,10 @@ class BinaryColumn:
                 valid[i] = False
                 continue
             if isinstance(v, str):
-                v = v.encode("utf-8")
+                try:
+                    v = v.encode("utf-8")
+                except UnicodeEncodeError as e:  # a lone surrogate
+                    raise InvalidRecordError(f"value {i} is not valid UTF-8 text: {e}") from None
             elif not isinstance(v, (bytes, bytearray, memoryview)):
                 raise InvalidRecordError(
                     f"value {i} must be bytes, str or None, not {type(v).__name__}")
@@ -278,6 +298,12 @@ class RecordColumns:
         """``(offset, timestamp_ms, key, value)`` tuples, for tests and small ranges."""
         return zip(self.offsets.tolist(), self.timestamps_ms.tolist(),
                    self.keys.to_pylist(), self.values.to_pylist())
+
+
+def _describe(a) -> str:
+    if isinstance(a, np.ndarray):
+        return f"a {a.ndim}-d {'' if a.flags.c_contiguous else 'non-contiguous '}{a.dtype} array"
+    return type(a).__name__
 
 
 def _keep_argument(keep, n: int) -> np.ndarray:
