@@ -463,6 +463,9 @@ class LogStore:
             now_argument(now_ms, self.clock)  # refused before anything is cleaned
         if partition is not None and topic is None:
             raise InvalidTopicError("compact(partition=...) needs a topic")
+        if partition is not None:
+            # A bool or float would be taken as the int it equals, a list would be unhashable.
+            partition = offset_argument(partition, "partition")
         if topic is not None:
             cfg = self._topic(topic)["config"]
             if not cfg.compact:
