@@ -285,8 +285,8 @@ class LogStore:
             if set is not None and not isinstance(set, abc.Mapping):
                 raise InvalidConfigError(f"set must be a mapping of config keys to values, not "
                                          f"{type(set).__name__}")
-            if isinstance(delete, str):
-                raise InvalidConfigError(f"delete must be a list of config keys, not the string "
+            if isinstance(delete, (str, bytes)) or not isinstance(delete, abc.Iterable):
+                raise InvalidConfigError(f"delete must be a list of config keys, not "
                                          f"{delete!r}")
             cfg = meta["config"].with_updates(set or {}, tuple(delete))
             write_topic_meta(self.path, name, meta["partitions"], cfg)
