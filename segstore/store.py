@@ -350,8 +350,9 @@ class LogStore:
         if not isinstance(timestamps, abc.Mapping):
             raise OffsetTypeError(f"timestamps must be a mapping of TopicPartition to timestamp, "
                                   f"not {type(timestamps).__name__}")
-        return {TopicPartition(*tp): self.partition(*tp).offset_for_time(ts)
-                for tp, ts in timestamps.items()}
+        # The keys checked as pairs first (TopicPartition(*key) raised TypeError for others).
+        return {tp: self.partition(*tp).offset_for_time(ts)
+                for tp, ts in zip(topic_partitions(timestamps.keys()), timestamps.values())}
 
     # -- services ---------------------------------------------------------------------------
     def tick(self, now_ms: Optional[int] = None) -> None:
