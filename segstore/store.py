@@ -314,11 +314,13 @@ class LogStore:
         n = self._topic(topic)["partitions"]
         if key is None:
             return next(self._round_robin) % n
-        if isinstance(key, str):
-            key = key.encode("utf-8")
         try:
+            if isinstance(key, str):
+                key = key.encode("utf-8")
             return _core.murmur2_partition(key, n)
-        except TypeError:
+        except UnicodeEncodeError as e:  # a lone surrogate
+            raise InvalidRecordError(f"key is not valid UTF-8 text: {e}") from None
+        except (TypeError, ValueError, BufferError):  # not a contiguous byte buffer
             raise InvalidRecordError(f"a key must be bytes, str or None, not "
                                      f"{type(key).__name__}") from None
 
