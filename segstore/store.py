@@ -59,6 +59,9 @@ class LogStore:
         if not isinstance(path, (str, os.PathLike)) or (clock is not None and not callable(clock)):
             raise InvalidConfigError(f"a store needs a str or os.PathLike path and a callable "
                                      f"clock (milliseconds), not {path!r} and {clock!r}")
+        if os.fspath(path) == "":
+            # abspath("") is the current directory: the store would be made there.
+            raise InvalidConfigError("a store needs a path, not ''")
         self.path = os.path.abspath(path)
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise InvalidConfigError(f"{self.path} is not a directory: a store is one")
