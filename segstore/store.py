@@ -27,7 +27,7 @@ from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                          create_marker, fsync_dir, write_atomic_many)
 from .config import StoreConfig, TopicConfig
 from .errors import (InvalidConfigError, InvalidRecordError, InvalidTopicError, OffsetTypeError,
-                     ReadOnlyStoreError, offset_argument, now_argument, StoreClosedError,
+                     ReadOnlyStoreError, is_int, offset_argument, now_argument, StoreClosedError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError)
 from .file_lock import FileLock
 from .log import PartitionLog
@@ -79,6 +79,12 @@ class LogStore:
         self._services: list[threading.Thread] = []
         self._stop = threading.Event()
         self._last_checkpoint_ms = self.clock()
+        if not is_int(self._last_checkpoint_ms) or not 0 <= self._last_checkpoint_ms < 1 << 63:
+            # Checked once, before anything is made: a float clock (time.time() * 1000) broke
+            # appends, tick() and close(), which then left the store locked.
+            raise InvalidConfigError(f"clock() must return int milliseconds since the epoch "
+                                     f"(0 to 2**63 - 1), got {self._last_checkpoint_ms!r}")
+        self._last_checkpoint_ms = int(self._last_checkpoint_ms)
         self._next_retention_ms = self._last_checkpoint_ms + min(
             RETENTION_INITIAL_DELAY_MS, self.config.retention_check_interval_ms)
         self._next_expiration_ms = (self._last_checkpoint_ms
