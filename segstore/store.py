@@ -210,7 +210,13 @@ class LogStore:
             try:
                 lg.close()
             except Exception:  # closing what never held data; the directory goes anyway
-                pass
+                # Out of descriptors, say: a close needs one (the producer snapshot, the index
+                # trims) and stopped before releasing the segments' own. They are dropped
+                # without trimming instead, or every close fails alike, the rmtree below fails
+                # for want of descriptors (silently) and the partitions left behind come back
+                # at the next open as a topic.
+                for seg in lg._state.segments:
+                    seg.delete_files()
         # The partition that failed may have made its directory too.
         for p in range(len(created) + 1):
             shutil.rmtree(os.path.join(self.path, f"{name}-{p}"), ignore_errors=True)
