@@ -9,7 +9,12 @@ Bad arguments raise segstore.errors classes: a ``start``/``end`` outside the buf
 ``max_records`` / ``max_batches`` or a non-positive ``records_per_batch`` / ``num_partitions``
 InvalidArgumentError; a negative or overflowing ``base_offset`` InvalidOffsetError; a null key
 given to ``murmur2`` / ``murmur3_128`` (which would otherwise hash like ``b""``) and malformed
-records InvalidRecordError.
+records InvalidRecordError. An integer argument that is not an int (a float is refused, not
+truncated; a bool or str too) raises OffsetTypeError, a TypeError, and one outside its range
+the class of its kind; a batch header field (producer id, epoch, sequence, leader epoch, a
+timestamp) InvalidRecordError for either. ``order`` and ``offset_deltas`` must hold ints. A
+buffer argument that is not a contiguous byte buffer still raises Python's TypeError or
+ValueError.
 """
 
 from typing import Any, NamedTuple, Optional, Sequence, Union
@@ -190,8 +195,8 @@ def encode_columns(
     (a single record larger than that still gets a batch of its own). ``order`` (integer row
     numbers) encodes rows ``order[0], order[1], ...`` of the columns instead of all rows in
     turn, so a caller that routes rows to partitions needs no reordered copy of its columns;
-    a row number outside the columns raises ValueError. Offsets outside a column's data, or
-    columns written to during the encode, raise InvalidRecordError.
+    a row number outside the columns raises InvalidArgumentError. Offsets outside a column's
+    data, or columns written to during the encode, raise InvalidRecordError.
 
     ``data`` is a read-only memoryview. Outputs of 1 MiB or more live in the buffer pool (see
     ``segstore.buffer_pool``): the block is reused once the last view of it is gone. Use
@@ -211,9 +216,9 @@ def write_base_offsets(fd: int, positions: np.ndarray, sizes: np.ndarray,
                        file: Optional[str] = None) -> None:
     """Rewrite the baseOffset and partitionLeaderEpoch of the v2 batches of the file open on
     ``fd`` (int64 positions, int32 sizes, int64 new base offsets), one 16-byte pwrite per batch;
-    the CRC covers neither. Batches outside the file raise ValueError before any write; a
-    failed write raises OSError. Through the descriptor, not a map: a store through a shared
-    map dirties whole page-cache folios, which the next fdatasync writes back whole."""
+    the CRC covers neither. Batches outside the file raise InvalidArgumentError before any
+    write; a failed write raises OSError. Through the descriptor, not a map: a store through a
+    shared map dirties whole page-cache folios, which the next fdatasync writes back whole."""
 
 # -- the log cleaner (_clean.pxi) ----------------------------------------------------------
 

@@ -15,7 +15,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_CheckExact
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.ref cimport PyObject
-from cpython.long cimport PyLong_CheckExact
+from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcmp, memcpy, memmove, memset
 from cpython.buffer cimport PyBUF_FORMAT
@@ -31,7 +31,7 @@ from crc32c import crc32c as _crc32c_pkg
 
 from .columns import BinaryColumn, HeaderColumn, RecordColumns
 from .errors import (CorruptRecordError, InvalidArgumentError, InvalidOffsetError,
-                     InvalidRecordError)
+                     InvalidRecordError, OffsetTypeError)
 from .records import ConsumerRecord
 from . import compression as _compression
 
@@ -112,8 +112,39 @@ cdef int _raise_status(int status, Py_ssize_t position, object file, object deta
     raise _status_error(status, position, file, detail)
 
 
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+
+cdef int64_t INT64_MIN_C = -0x7FFFFFFFFFFFFFFF - 1
+
+
+cdef int64_t _int_arg(object v, str name, object exc, int64_t lo, int64_t hi, str what,
+                      object type_exc) except? -1:
+    """An integer argument (a numpy one too, never a bool) from ``lo`` to ``hi``:
+    ``type_exc`` for anything but an int, ``exc`` for one out of range (``what`` describes
+    the range). Cython's own conversion of a C integer parameter truncated floats
+    (``base_offset=1.5`` wrote offset 1), took True for 1 and raised bare TypeError or
+    OverflowError."""
+    cdef int overflow = 0
+    cdef long long x
+    if not PyLong_CheckExact(v) and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+        raise type_exc(f"{name} must be an int, got {v!r} ({type(v).__name__})")
+    x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow or x < lo or x > hi:
+        if what is None:
+            what = f"an int from {lo} to {hi}"
+        raise exc(f"{name} must be {what}, got {v!r}")
+    return x
+
+
+cdef inline int64_t _i64_arg(object v, str name, object exc) except? -1:
+    """An int of 64 signed bits (the caller checks its range), OffsetTypeError otherwise."""
+    return _int_arg(v, name, exc, INT64_MIN_C, INT64_MAX_C, None, OffsetTypeError)
+
+
 cdef inline Py_ssize_t _resolve_end(Py_ssize_t length, Py_ssize_t start, object end) except -1:
-    cdef Py_ssize_t e = length if end is None else end
+    cdef Py_ssize_t e = length if end is None else _i64_arg(end, "end", InvalidArgumentError)
     if start < 0 or e < start or e > length:
         raise InvalidArgumentError(f"byte range [{start}, {e}) is outside the buffer of {length} "
                                    f"bytes")

@@ -62,8 +62,16 @@ cdef object _region_at(Region* reg, const uint8_t[::1] view, object mv, BatchHea
     return payload
 
 
-cdef inline int64_t _opt_i64(object v, int64_t default) except? -1:
-    return default if v is None else v
+cdef inline int64_t _opt_i64(object v, int64_t default, str name) except? -1:
+    return default if v is None else _i64_arg(v, name, InvalidArgumentError)
+
+
+cdef inline int64_t _max_records(object max_records) except? -1:
+    """A decode's ``max_records``: None (no limit) or an int from 0 to 2**63 - 1."""
+    if max_records is None:
+        return INT64_MAX_C
+    return _int_arg(max_records, "max_records", InvalidArgumentError, 0, INT64_MAX_C,
+                    ">= 0 (an int, or None for no limit)", OffsetTypeError)
 
 
 cdef size_t RELEASE_BYTES = 4 << 20   # dropped in runs this long: each madvise costs a TLB flush
@@ -100,7 +108,7 @@ cdef inline void _release_batch(const Region* reg, size_t* run_lo, size_t* run_h
 include "_decode_threads.pxi"
 
 
-def decode_columns(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_offset=None,
+def decode_columns(buf, start=0, end=None, *, min_offset=None, end_offset=None,
                    max_records=None, bint validate_crc=True, bint include_headers=False,
                    topic=None, partition=None, file=None, bint strict=False):
     """Selected records of a buffer range straight into numpy columns (control batches skipped).
@@ -128,11 +136,10 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     With ``max_records`` the batches are checked and decoded only up to the one holding the
     last record returned: damage after it does not fail the decode.
     """
-    cdef int64_t limit = INT64_MAX_C if max_records is None else max_records
-    if limit < 0:
-        raise InvalidArgumentError(f"max_records must be >= 0, got {max_records}")
-    cdef _DecodeJob job = _new_job(_opt_i64(min_offset, -INT64_MAX_C - 1),
-                                   _opt_i64(end_offset, INT64_MAX_C), include_headers)
+    cdef int64_t limit = _max_records(max_records)
+    cdef _DecodeJob job = _new_job(_opt_i64(min_offset, -INT64_MAX_C - 1, "min_offset"),
+                                   _opt_i64(end_offset, INT64_MAX_C, "end_offset"),
+                                   include_headers)
     cdef list files = []
     if _select_batches(job, sources, files, limit, validate_crc, strict, max_records is not None):
         return _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc,
@@ -195,6 +202,7 @@ cdef int _select_from_range(_DecodeJob job, int k, object src, list files, bint 
                             bint strict, bint chunked) except -1:
     """_select_batches over source ``k``; returns 1 at a v0/v1 batch."""
     buf, start, end, file = src[:4]
+    start = _i64_arg(start, "start", InvalidArgumentError)
     cdef bint release = len(src) > 4 and bool(src[4])
     # Batches inside [checked_lo, checked_hi) had their CRCs checked by the caller moments ago
     # (a read-only log's refresh scans what the writer added): not checked a second time.

@@ -377,32 +377,56 @@ cdef object _encode_records(values, keys, headers, timestamps_ms, _RecordIn* rec
     return out
 
 
-def encode_batch(values, keys=None, headers=None, timestamps_ms=None, *, int64_t base_offset=0,
+def encode_batch(values, keys=None, headers=None, timestamps_ms=None, *, base_offset=0,
                  compression=0, compression_level=None, log_append_time_ms=None,
-                 int64_t producer_id=-1, int producer_epoch=-1, int32_t base_sequence=-1,
-                 bint is_transactional=False, int32_t partition_leader_epoch=-1,
+                 producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                 bint is_transactional=False, partition_leader_epoch=-1,
                  offset_deltas=None):
     """One record batch v2 with a fresh CRC-32C (see _core.pyi)."""
-    return _encode(values, keys, headers, timestamps_ms, base_offset,
-                   _compression.codec_id(compression), compression_level, log_append_time_ms,
-                   producer_id, producer_epoch, base_sequence, is_transactional, False,
-                   partition_leader_epoch, offset_deltas)
+    return _encode(values, keys, headers, timestamps_ms, _offset_arg(base_offset),
+                   _compression.codec_id(compression), compression_level,
+                   _opt_field(log_append_time_ms, "log_append_time_ms"),
+                   _field(producer_id, "producer_id", 64), _field(producer_epoch,
+                   "producer_epoch", 16), _field(base_sequence, "base_sequence", 32),
+                   is_transactional, False, _field(partition_leader_epoch,
+                   "partition_leader_epoch", 32), offset_deltas)
 
 
-def encode_control_batch(int control_type, *, int64_t producer_id, int producer_epoch,
-                         int32_t coordinator_epoch=0, int64_t base_offset=0,
-                         int64_t timestamp_ms, int32_t partition_leader_epoch=-1):
+cdef inline int64_t _offset_arg(object base_offset) except? -1:
+    # The range is _check_offsets' (its message names the batch's last offset too).
+    return _i64_arg(base_offset, "base_offset", InvalidOffsetError)
+
+
+cdef int64_t _field(object v, str name, int bits) except? -1:
+    """A batch header field: an int of ``bits`` signed bits, or InvalidRecordError."""
+    cdef int64_t hi = (<int64_t>1 << (bits - 1)) - 1 if bits < 64 else INT64_MAX_C
+    return _int_arg(v, name, InvalidRecordError, -hi - 1, hi, None, InvalidRecordError)
+
+
+cdef object _opt_field(object v, str name):
+    return None if v is None else _field(v, name, 64)
+
+
+def encode_control_batch(control_type, *, producer_id, producer_epoch,
+                         coordinator_epoch=0, base_offset=0,
+                         timestamp_ms, partition_leader_epoch=-1):
     """A 78-byte transaction marker batch (ControlRecordType.COMMIT or ABORT; REF §1.8)."""
-    if control_type not in (0, 1):
-        raise InvalidRecordError(f"control_type must be 0 (ABORT) or 1 (COMMIT), not {control_type}")
+    cdef int ct = _int_arg(control_type, "control_type", InvalidRecordError, 0, 1,
+                           "0 (ABORT) or 1 (COMMIT)", InvalidRecordError)
+    producer_id = _field(producer_id, "producer_id", 64)
+    producer_epoch = _field(producer_epoch, "producer_epoch", 16)
+    cdef int32_t coord = _field(coordinator_epoch, "coordinator_epoch", 32)
+    base_offset = _offset_arg(base_offset)
+    timestamp_ms = _field(timestamp_ms, "timestamp_ms", 64)
+    partition_leader_epoch = _field(partition_leader_epoch, "partition_leader_epoch", 32)
     key = bytearray(4)
     value = bytearray(6)
     cdef uint8_t* kp = <uint8_t*>(<char*>key)
     cdef uint8_t* vp = <uint8_t*>(<char*>value)
     wr_i16(kp, 0)
-    wr_i16(kp + 2, <int16_t>control_type)
+    wr_i16(kp + 2, <int16_t>ct)
     wr_i16(vp, 0)
-    wr_i32(vp + 2, coordinator_epoch)
+    wr_i32(vp + 2, coord)
     return _encode([bytes(value)], [bytes(key)], None, timestamp_ms, base_offset, 0, None, None,
                    producer_id, producer_epoch, -1, True, True, partition_leader_epoch, None)
 

@@ -216,19 +216,38 @@ cdef class _EncodeJob:
         return st
 
 
-def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset=0,
-                   Py_ssize_t records_per_batch=4096, int64_t max_batch_bytes=1 << 20,
+def encode_columns(values, keys=None, timestamps_ms=None, *, base_offset=0,
+                   records_per_batch=4096, max_batch_bytes=1 << 20,
                    compression=0, compression_level=None, log_append_time_ms=None,
-                   int32_t partition_leader_epoch=-1, order=None):
+                   partition_leader_epoch=-1, order=None):
     """Columns into consecutive v2 batches (see _core.pyi)."""
     cdef int codec = _compression.codec_id(compression)
-    cdef Py_ssize_t n_src = len(values)
-    if records_per_batch <= 0:
+    # Records per batch fit the header's int32 count; the rest as encode_batch checks them.
+    cdef Py_ssize_t rpb = _int_arg(records_per_batch, "records_per_batch", InvalidArgumentError,
+                                   INT64_MIN_C, 0x7FFFFFFF, None, OffsetTypeError)
+    if rpb <= 0:
         raise InvalidArgumentError(f"records_per_batch must be positive, got {records_per_batch}")
+    cdef int64_t mbb = _int_arg(max_batch_bytes, "max_batch_bytes", InvalidArgumentError, 0,
+                                INT64_MAX_C, "an int >= 0", OffsetTypeError)
+    base_offset = _offset_arg(base_offset)
+    log_append_time_ms = _opt_field(log_append_time_ms, "log_append_time_ms")
+    cdef int32_t epoch = _field(partition_leader_epoch, "partition_leader_epoch", 32)
+    if not isinstance(values, BinaryColumn) or (keys is not None
+                                                and not isinstance(keys, BinaryColumn)):
+        raise InvalidRecordError(f"encode_columns takes BinaryColumn values and keys, not "
+                                 f"{type(values).__name__} and {type(keys).__name__}")
+    cdef Py_ssize_t n_src = len(values)
     if keys is not None and len(keys) != n_src:
         raise InvalidRecordError(f"{len(keys)} keys for {n_src} values")
     # `order` picks and orders rows (a gather), so routed rows need no copy of the columns.
-    order_arr = None if order is None else np.ascontiguousarray(order, dtype=np.int64)
+    order_arr = None
+    if order is not None:
+        order_arr = np.asarray(order)
+        # Row numbers only: numpy's conversion would truncate 0.7 to 0 and parse "1".
+        if order_arr.size and order_arr.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"order must hold integer row numbers, not "
+                                       f"{order_arr.dtype}")
+        order_arr = np.ascontiguousarray(order_arr, dtype=np.int64)
     if order_arr is not None and order_arr.ndim != 1:
         raise InvalidArgumentError("order must be a one-dimensional array of row numbers")
     cdef Py_ssize_t n = n_src if order_arr is None else len(order_arr)
@@ -284,7 +303,7 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     cdef int st
     with nogil:
         st = _plan_columns(kop, kvp, kd_len, &vo[0], &vv[0], vd.shape[0], &ts[0], ts_scalar,
-                           ordp, n_src, n, records_per_batch, max_batch_bytes, &starts[0],
+                           ordp, n_src, n, rpb, mbb, &starts[0],
                            &positions[0], &nbatches, &total)
     if st == ST_ORDER:
         raise InvalidArgumentError(f"order holds a row number outside [0, {n_src})")
@@ -303,7 +322,7 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, int64_t base_offset
     job.order = ordp
     job.starts, job.positions = &starts[0], &positions[0]
     job.base_offset = base_offset
-    job.leader_epoch = partition_leader_epoch
+    job.leader_epoch = epoch
     job.attributes = 0x08 if log_append_time_ms is not None else 0
     job.log_append_time = -1 if log_append_time_ms is None else log_append_time_ms
     job.crc = codec == 0

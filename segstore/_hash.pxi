@@ -360,19 +360,31 @@ def murmur2(data) -> int:
     return _murmur2(_ptr(v), v.shape[0])
 
 
-def murmur2_partition(key, int num_partitions) -> int:
-    """Kafka's default partitioner for a non-null key: toPositive(murmur2(key)) % n."""
-    if num_partitions <= 0:
+cdef int _partitions_arg(object num_partitions) except -1:
+    cdef int64_t n = _int_arg(num_partitions, "num_partitions", InvalidArgumentError,
+                              INT64_MIN_C, 0x7FFFFFFF, None, OffsetTypeError)
+    if n <= 0:
         raise InvalidArgumentError(f"num_partitions must be positive, got {num_partitions}")
+    return <int>n
+
+
+cdef _key_column(keys):
+    if not isinstance(keys, BinaryColumn):
+        raise InvalidRecordError(f"keys must be a BinaryColumn, not {type(keys).__name__}")
+
+
+def murmur2_partition(key, num_partitions) -> int:
+    """Kafka's default partitioner for a non-null key: toPositive(murmur2(key)) % n."""
+    cdef int n = _partitions_arg(num_partitions)
     _not_null_key(key)
     cdef const uint8_t[::1] v = key
-    return (_murmur2(_ptr(v), v.shape[0]) & 0x7FFFFFFF) % num_partitions
+    return (_murmur2(_ptr(v), v.shape[0]) & 0x7FFFFFFF) % n
 
 
-def murmur2_partitions(keys, int num_partitions):
+def murmur2_partitions(keys, num_partitions):
     """Vectorized murmur2_partition over a BinaryColumn (int32; -1 for null keys)."""
-    if num_partitions <= 0:
-        raise InvalidArgumentError(f"num_partitions must be positive, got {num_partitions}")
+    cdef int parts = _partitions_arg(num_partitions)
+    _key_column(keys)
     cdef const uint8_t[::1] data = keys.data
     cdef const int64_t[::1] offs = keys.offsets
     cdef const uint8_t[::1] valid = keys.valid.view(np.uint8)
@@ -390,7 +402,7 @@ def murmur2_partitions(keys, int num_partitions):
                 if offs[i] < 0 or offs[i + 1] < offs[i] or offs[i + 1] > length:
                     bad = i
                     break
-                o[i] = (_murmur2(d + offs[i], offs[i + 1] - offs[i]) & 0x7FFFFFFF) % num_partitions
+                o[i] = (_murmur2(d + offs[i], offs[i + 1] - offs[i]) & 0x7FFFFFFF) % parts
             else:
                 o[i] = -1
     if bad >= 0:
@@ -401,6 +413,7 @@ def murmur2_partitions(keys, int num_partitions):
 def murmur3_128_digests(keys):
     """The MurmurHash3 x64-128 digest (the offset map's key digest) of every non-null key of a
     BinaryColumn, as a uint64 array of shape (non-null keys, 2): h1, h2 per row."""
+    _key_column(keys)
     cdef const uint8_t[::1] data = keys.data
     cdef const int64_t[::1] offs = keys.offsets
     cdef const uint8_t[::1] valid = keys.valid.view(np.uint8)
@@ -427,18 +440,25 @@ def murmur3_128_digests(keys):
 def distinct_digests(digests) -> np.ndarray:
     """The distinct rows of a (n, 2) uint64 digest array (as returned by
     murmur3_128_digests), sorted."""
-    d = np.ascontiguousarray(digests, dtype=np.uint64).reshape(-1, 2)
+    d = np.asarray(digests)
+    if d.size and (d.ndim != 2 or d.shape[1] != 2 or d.dtype.kind not in "iu"):
+        # numpy would reshape any even count of values, cast floats or raise ValueError.
+        raise InvalidArgumentError(f"digests must be an (n, 2) array of uint64, got "
+                                   f"{d.dtype} of shape {d.shape}")
+    d = np.ascontiguousarray(d, dtype=np.uint64).reshape(-1, 2)
     return np.unique(d.view(np.dtype((np.void, 16))).ravel()).view(np.uint64).reshape(-1, 2)
 
 
-def murmur3_128(data, uint32_t seed=0) -> bytes:
+def murmur3_128(data, seed=0) -> bytes:
     """MurmurHash3 x64-128 digest (16 bytes), equal to ``mmh3.hash_bytes(data, seed)``."""
+    cdef uint32_t s32 = <uint32_t>_int_arg(seed, "seed", InvalidArgumentError, 0, 0xFFFFFFFF,
+                                           None, OffsetTypeError)
     _not_null_key(data)
     cdef const uint8_t[::1] v = data
     cdef uint64_t h1, h2
     cdef uint8_t out[16]
     cdef int i
-    murmur3_x64_128(_ptr(v), v.shape[0], seed, &h1, &h2)
+    murmur3_x64_128(_ptr(v), v.shape[0], s32, &h1, &h2)
     for i in range(8):
         out[i] = <uint8_t>(h1 >> (8 * i))
         out[8 + i] = <uint8_t>(h2 >> (8 * i))

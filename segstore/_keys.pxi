@@ -38,6 +38,9 @@ def first_null_key(buf, batches, file=None):
     is null, or None; ``batches`` are ``scan_batches`` rows over ``buf`` (v2). Compressed
     batches are decompressed; control batches have keys. Malformed records raise
     CorruptRecordError."""
+    if not isinstance(batches, np.ndarray) or batches.dtype != BATCH_DTYPE:
+        raise InvalidArgumentError(f"batches must be scan_batches rows (an array of "
+                                   f"BATCH_DTYPE), not {type(batches).__name__}")
     cdef const uint8_t[::1] view = buf
     cdef const uint8_t[::1] rec
     cdef Py_ssize_t pos, size

@@ -293,24 +293,23 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
     return 0
 
 
-def decode_records(buf, Py_ssize_t start=0, end=None, *, min_offset=None, end_offset=None,
+def decode_records(buf, start=0, end=None, *, min_offset=None, end_offset=None,
                    max_records=None, bint validate_crc=True, bint include_control=False,
                    topic=None, partition=None, file=None, bint strict=False):
     """Records with ``min_offset <= offset < end_offset`` as ConsumerRecord namedtuples."""
+    cdef Py_ssize_t s0 = _i64_arg(start, "start", InvalidArgumentError)
     cdef const uint8_t[::1] view = buf
-    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
-    cdef int64_t lo = _opt_i64(min_offset, -INT64_MAX_C - 1)
-    cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C)
-    cdef Py_ssize_t limit = INT64_MAX_C if max_records is None else max_records
-    if limit < 0:
-        raise InvalidArgumentError(f"max_records must be >= 0, got {max_records}")
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], s0, end)
+    cdef int64_t lo = _opt_i64(min_offset, -INT64_MAX_C - 1, "min_offset")
+    cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C, "end_offset")
+    cdef Py_ssize_t limit = _max_records(max_records)
     cdef const uint8_t* base = _ptr(view)
     cdef list out = []
     cdef _Scan scan
     cdef HeaderVec* vec
     cdef BatchHeader* h
     cdef Region reg
-    cdef Py_ssize_t i, pos = start
+    cdef Py_ssize_t i, pos = s0
     # Batch by batch: each is checked (CRC, header, records) only when the records wanted reach
     # it, so a read that stops after a few records neither checks nor fails on the rest of its
     # range. With max_records the headers are scanned a few at a time (more each time) too.

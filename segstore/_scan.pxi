@@ -188,18 +188,19 @@ cdef _Scan _scan(object obj, const uint8_t[::1] view, Py_ssize_t start, Py_ssize
     return s
 
 
-def scan_batches(buf, Py_ssize_t start=0, end=None, *, bint validate_crc=False,
+def scan_batches(buf, start=0, end=None, *, bint validate_crc=False,
                  bint raise_on_corrupt=True, max_batches=None, file=None, bint strict=False):
     """Walk batch boundaries from ``start`` without decoding records (REF §1.11 file rules).
 
     Returns ScanResult(batches, valid_end, torn, error); see _core.pyi.
     """
+    cdef Py_ssize_t s0 = _i64_arg(start, "start", InvalidArgumentError)
     cdef const uint8_t[::1] view = buf
-    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
-    cdef Py_ssize_t mb = -1 if max_batches is None else max_batches
-    if mb < 0 and max_batches is not None:
-        raise InvalidArgumentError(f"max_batches must be >= 0 (or None for all), got {max_batches}")
-    cdef _Scan s = _scan(buf, view, start, e, validate_crc, mb, strict)
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], s0, end)
+    cdef Py_ssize_t mb = -1 if max_batches is None else _int_arg(
+        max_batches, "max_batches", InvalidArgumentError, 0, INT64_MAX_C,
+        ">= 0 (or None for all)", OffsetTypeError)
+    cdef _Scan s = _scan(buf, view, s0, e, validate_crc, mb, strict)
     error = None
     if s.status != ST_OK:
         error = _status_error(s.status, s.error_pos, file)
@@ -208,16 +209,24 @@ def scan_batches(buf, Py_ssize_t start=0, end=None, *, bint validate_crc=False,
     return ScanResult(s.headers.to_numpy(), s.valid_end, s.torn, error)
 
 
-def set_base_offset(buf, Py_ssize_t position, int64_t base_offset, partition_leader_epoch=None):
+def set_base_offset(buf, position, base_offset, partition_leader_epoch=None):
     """Rewrite a v2 batch's baseOffset (and leader epoch) in place; the CRC covers neither."""
-    cdef uint8_t[::1] view = buf
-    if position < 0 or position + V2_HEADER_C > view.shape[0]:
-        raise ValueError(f"no v2 batch header at position {position}")
-    if view[position + 16] != 2:
-        raise ValueError(f"batch at position {position} is not magic 2")
-    wr_i64(&view[position], base_offset)
+    cdef Py_ssize_t pos = _i64_arg(position, "position", InvalidArgumentError)
+    cdef int64_t bo = _int_arg(base_offset, "base_offset", InvalidOffsetError, 0, INT64_MAX_C,
+                               "an offset from 0 to 2**63 - 1", OffsetTypeError)
+    cdef int32_t epoch = 0
     if partition_leader_epoch is not None:
-        wr_i32(&view[position + 12], <int32_t>partition_leader_epoch)
+        epoch = <int32_t>_int_arg(partition_leader_epoch, "partition_leader_epoch",
+                                  InvalidRecordError, -0x80000000, 0x7FFFFFFF,
+                                  "an int of 32 signed bits", InvalidRecordError)
+    cdef uint8_t[::1] view = buf
+    if pos < 0 or pos + V2_HEADER_C > view.shape[0]:
+        raise InvalidArgumentError(f"no v2 batch header at position {position}")
+    if view[pos + 16] != 2:
+        raise InvalidArgumentError(f"batch at position {position} is not magic 2")
+    wr_i64(&view[pos], bo)
+    if partition_leader_epoch is not None:
+        wr_i32(&view[pos + 12], epoch)
 
 
 cdef extern from "<unistd.h>" nogil:
@@ -252,17 +261,17 @@ def write_base_offsets(int fd, const int64_t[::1] positions, const int32_t[::1] 
     Written through the descriptor rather than a shared map: a store through a map marks its
     whole page-cache folio (up to 2 MiB) dirty, so the next fdatasync writes back nearly the
     whole file again; pwrite dirties only the blocks it touches. Every batch must lie inside
-    the file (ValueError otherwise, before anything is written); a failed write raises OSError
-    naming ``file``, with the batches before it rewritten.
+    the file (InvalidArgumentError, a ValueError, otherwise, before anything is written); a
+    failed write raises OSError naming ``file``, with the batches before it rewritten.
     """
     cdef Py_ssize_t n = positions.shape[0], i
     if sizes.shape[0] != n or base_offsets.shape[0] != n:
-        raise ValueError("positions, sizes and base_offsets must have the same length")
+        raise InvalidArgumentError("positions, sizes and base_offsets must have the same length")
     cdef int64_t file_size = _os.fstat(fd).st_size
     for i in range(n):
         if (positions[i] < 0 or sizes[i] < V2_HEADER_C
                 or positions[i] > file_size - sizes[i]):
-            raise ValueError(f"no whole v2 batch of {sizes[i]} bytes at position "
+            raise InvalidArgumentError(f"no whole v2 batch of {sizes[i]} bytes at position "
                              f"{positions[i]} of {file or 'the file'} ({file_size} bytes)")
     cdef uint8_t head[16]
     cdef int err = 0
