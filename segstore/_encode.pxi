@@ -51,6 +51,13 @@ cdef inline void _write_batch_header(uint8_t* p, const BatchHeader* h) noexcept 
     wr_i32(p + 57, h.records_count)
 
 
+cdef bytes _utf8(str s, str what, Py_ssize_t i):
+    try:
+        return s.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate
+        raise InvalidRecordError(f"{what} {i} is not valid UTF-8 text: {e}") from None
+
+
 cdef int _bytes_arg(object o, list keep, const uint8_t** p, int32_t* n, str what,
                     Py_ssize_t i) except -1:
     """Pointer and length of a key/value/header value (None -> length -1)."""
@@ -65,7 +72,7 @@ cdef int _bytes_arg(object o, list keep, const uint8_t** p, int32_t* n, str what
         length = len(<bytes>o)
     else:
         if isinstance(o, str):
-            o = (<str>o).encode("utf-8")
+            o = _utf8(<str>o, what, i)
         try:
             v = o
         except (TypeError, ValueError, BufferError):
@@ -142,6 +149,9 @@ cdef object _fast_sequence(object seq, str what):
     """``seq`` as a list or tuple (its items then read without a call per item)."""
     if type(seq) is list or type(seq) is tuple:
         return seq
+    if isinstance(seq, (str, bytes, bytearray, memoryview)):
+        # One value, not a sequence: "abc" would be three records, b"ab" two timestamps.
+        raise InvalidRecordError(f"{what} must be a sequence, not one {type(seq).__name__}")
     try:
         return PySequence_Fast(seq, "")
     except TypeError:
@@ -166,13 +176,16 @@ def timestamp_array(timestamps_ms):
     """Timestamps (an array or sequence of ints) as a contiguous int64 array, or
     InvalidRecordError: integer dtypes only, within int64 (a float would be truncated, NaN
     stored as -2**63, a uint64 2**63 wrapped to a negative timestamp)."""
-    if isinstance(timestamps_ms, (float, str, bytes, bool)):
+    if isinstance(timestamps_ms, (float, str, bytes, bytearray, memoryview, bool)):
         raise InvalidRecordError(f"timestamps_ms must be integer milliseconds, not "
                                  f"{timestamps_ms!r}")
     arr = np.asarray(timestamps_ms)
     if arr.dtype.kind not in "iu":
         raise InvalidRecordError(f"timestamps_ms must be integer milliseconds, got an array of "
                                  f"dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise InvalidRecordError(f"timestamps_ms must be one-dimensional, got an array of "
+                                 f"shape {arr.shape}")
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > INT64_MAX_C:
         raise InvalidRecordError(f"timestamp {int(arr.max())} does not fit in 64 signed bits")
     return np.ascontiguousarray(arr, dtype=np.int64)
@@ -189,9 +202,9 @@ cdef int _read_timestamps(object timestamps_ms, _RecordIn* recs, Py_ssize_t n) e
             recs[i].ts = one
         return 0
     if isinstance(timestamps_ms, np.ndarray):
-        if len(timestamps_ms) != n:
-            raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {n} values")
         arr = timestamp_array(timestamps_ms)
+        if len(arr) != n:
+            raise InvalidRecordError(f"{len(arr)} timestamps for {n} values")
         tv = arr
         for i in range(n):
             recs[i].ts = tv[i]
@@ -223,10 +236,21 @@ cdef object _encode(values, keys, headers, timestamps_ms, int64_t base_offset, i
         keys = _fast_sequence(keys, "keys")
         if PySequence_Fast_GET_SIZE(keys) != n:
             raise InvalidRecordError(f"{PySequence_Fast_GET_SIZE(keys)} keys for {n} values")
-    if headers is not None and len(headers) != n:
-        raise InvalidRecordError(f"{len(headers)} header lists for {n} values")
-    if offset_deltas is not None and len(offset_deltas) != n:
-        raise InvalidRecordError(f"{len(offset_deltas)} offset deltas for {n} values")
+    if headers is not None:
+        headers = _fast_sequence(headers, "headers")
+        if PySequence_Fast_GET_SIZE(headers) != n:
+            raise InvalidRecordError(f"{PySequence_Fast_GET_SIZE(headers)} header lists for "
+                                     f"{n} values")
+    if offset_deltas is not None:
+        offset_deltas = np.asarray(offset_deltas)
+        # Integers only: numpy's conversion would truncate 0.9 to 0 and parse "1".
+        if offset_deltas.ndim != 1 or (offset_deltas.dtype.kind not in "iu"
+                                       and offset_deltas.size):
+            raise InvalidOffsetError(f"offset_deltas must be a sequence of ints, got an array "
+                                     f"of dtype {offset_deltas.dtype} and shape "
+                                     f"{offset_deltas.shape}")
+        if len(offset_deltas) != n:
+            raise InvalidRecordError(f"{len(offset_deltas)} offset deltas for {n} values")
     if not -32768 <= producer_epoch <= 32767:
         raise InvalidRecordError(f"producer_epoch {producer_epoch} does not fit an int16")
     # One allocation for the per-record fields (a batch of 1,000 records used to take eight
@@ -286,17 +310,27 @@ cdef object _encode_records(values, keys, headers, timestamps_ms, _RecordIn* rec
     if headers is not None:
         for i in range(n):
             recs[i].h0 = len(hkeys)
-            hlist = headers[i]
-            if hlist:
-                for item in hlist:
+            hlist = <object>PySequence_Fast_GET_ITEM(headers, i)
+            if hlist is not None:
+                if isinstance(hlist, (str, bytes, bytearray, memoryview)):
+                    hlist = None  # refused below, as any other non-iterable
+                try:
+                    items = iter(hlist)
+                except TypeError:
+                    raise InvalidRecordError(
+                        f"headers of record {i} must be a list of (str, bytes|None) pairs, not "
+                        f"{type(hlist).__name__}") from None
+                for item in items:
                     try:
+                        if isinstance(item, (str, bytes, bytearray, memoryview)):
+                            raise TypeError  # a 2-character str would unpack into a pair
                         hk, hv = item
                     except (TypeError, ValueError):
                         raise InvalidRecordError(
                             f"header of record {i} must be a (str, bytes|None) pair, not {item!r}"
                         ) from None
                     if isinstance(hk, str):
-                        hk = (<str>hk).encode("utf-8")
+                        hk = _utf8(<str>hk, "header key of record", i)
                     elif not isinstance(hk, (bytes, bytearray)):
                         raise InvalidRecordError(
                             f"header key of record {i} must be str, not {type(hk).__name__}")
