@@ -156,6 +156,9 @@ class BinaryColumn:
         import pyarrow as pa
 
         n = len(self)
+        if self.offsets[0] < 0 or self.offsets[-1] > len(self.data):
+            # pyarrow raised ArrowInvalid ("Length spanned by binary offsets ... larger").
+            raise InvalidRecordError("BinaryColumn.offsets point outside its data")
         validity = None
         if not bool(self.valid.all()):
             validity = pa.py_buffer(np.packbits(self.valid, bitorder="little"))
