@@ -120,6 +120,8 @@ class LogReads:
             rng = segment_reads.read_range(seg, offset, budget, min_one_message=not out,
                                            end_offset=end_offset, max_records=left)
             if rng is None:
+                if out and segment_reads.translate_offset(seg, offset) is not None:
+                    break  # its next batch does not fit what is left of max_bytes
                 i += 1
                 continue
             buf, start, end, damage = rng
@@ -153,6 +155,10 @@ class LogReads:
             if cut and decoded:  # records were left out: the rest of the segment is still due
                 offset = decoded[-1].offset + 1
                 continue
+            if end < seg.size:
+                # max_bytes ended the range inside this segment: the next segment's records
+                # come after the ones left here (going on to them skipped these).
+                break
             offset = recs[-1].offset + 1 if recs else offset
             i += 1
         return out
