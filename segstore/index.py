@@ -243,7 +243,13 @@ class _AbstractIndex:
         self.entries += n
 
     def _truncate_entries(self, entries: int) -> None:
+        dropped = self.entries - entries
         self.entries = entries
+        if dropped > 0 and self.writable:
+            # Zeroed, not just uncounted: a read-only reader (another process) takes the
+            # file's leading run of ordered entries as the index, and the dropped ones still
+            # ordered after the kept ones would point into the batches written after them.
+            self._write_at(entries * self.entry_size, bytes(dropped * self.entry_size))
 
 
 class OffsetIndex(_AbstractIndex):
