@@ -86,7 +86,10 @@ class ReadOnlyFollower:
             # Sealed segments are whole files; the last one ends at its last CRC-valid batch.
             if not same_listing:
                 for s in segs[:-1]:
-                    s.size = os.fstat(s._fd).st_size  # held open: safe if deleted meanwhile
+                    size = os.fstat(s._fd).st_size  # held open: safe if deleted meanwhile
+                    if size != s.size:
+                        s.size = size
+                        s._max_ts = None  # it grew since its largest timestamp was read
             tail = segs[-1]
             length = os.fstat(tail._fd).st_size
             seen, valid_end, next_offset = tail._ro_scan
@@ -104,6 +107,7 @@ class ReadOnlyFollower:
                 valid_end = res.valid_end
                 if len(b):
                     next_offset = int(b["last_offset"][-1]) + 1
+                    tail._max_ts = None  # read again with the new batches (offset_for_time)
                 tail._ro_scan = (length, valid_end, next_offset)
             tail.size = valid_end
             leo = next_offset if next_offset is not None else tail.base_offset
