@@ -13,8 +13,9 @@ records InvalidRecordError. An integer argument that is not an int (a float is r
 truncated; a bool or str too) raises OffsetTypeError, a TypeError, and one outside its range
 the class of its kind; a batch header field (producer id, epoch, sequence, leader epoch, a
 timestamp) InvalidRecordError for either. ``order`` and ``offset_deltas`` must hold ints. A
-buffer argument that is not a contiguous byte buffer still raises Python's TypeError or
-ValueError.
+buffer argument that is not a one-dimensional, contiguous buffer of bytes (None, a str, a
+strided or 2-d array, a read-only buffer where one is written) raises BufferTypeError, an
+InvalidArgumentError and a TypeError.
 """
 
 from typing import Any, NamedTuple, Optional, Sequence, Union

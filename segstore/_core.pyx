@@ -30,8 +30,8 @@ import numpy as np
 from crc32c import crc32c as _crc32c_pkg
 
 from .columns import BinaryColumn, HeaderColumn, RecordColumns
-from .errors import (CorruptRecordError, InvalidArgumentError, InvalidOffsetError,
-                     InvalidRecordError, OffsetTypeError)
+from .errors import (BufferTypeError, CorruptRecordError, InvalidArgumentError,
+                     InvalidOffsetError, InvalidRecordError, OffsetTypeError)
 from .records import ConsumerRecord
 from . import compression as _compression
 
@@ -136,6 +136,27 @@ cdef int64_t _int_arg(object v, str name, object exc, int64_t lo, int64_t hi, st
             what = f"an int from {lo} to {hi}"
         raise exc(f"{name} must be {what}, got {v!r}")
     return x
+
+
+cdef object _byte_buffer(object obj, str name, bint writable=False):
+    """``obj`` (or a byte-format view of it) when it is a one-dimensional, contiguous buffer
+    of one-byte items, else BufferTypeError naming ``name``. Cython's typed memoryviews took
+    None as an empty buffer and raised bare TypeError, ValueError or BufferError."""
+    if PyBytes_CheckExact(obj) and not writable:
+        return obj
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise BufferTypeError(f"{name} must be a bytes-like buffer, not "
+                              f"{type(obj).__name__}") from None
+    if writable and mv.readonly:
+        raise BufferTypeError(f"{name} must be a writable buffer (a bytearray, a writable "
+                              f"mmap), not a read-only {type(obj).__name__}")
+    if mv.ndim != 1 or mv.itemsize != 1 or not mv.c_contiguous:
+        raise BufferTypeError(f"{name} must be a one-dimensional, contiguous buffer of bytes, "
+                              f"got a {type(obj).__name__} of format {mv.format!r}, shape "
+                              f"{mv.shape} and strides {mv.strides}")
+    return obj if mv.format == "B" else mv.cast("B")
 
 
 cdef inline int64_t _i64_arg(object v, str name, object exc) except? -1:

@@ -210,7 +210,7 @@ cdef int _select_from_range(_DecodeJob job, int k, object src, list files, bint 
     if len(src) > 5 and src[5] is not None:
         checked_lo, checked_hi = src[5]
     cdef bint crc
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef const uint8_t* base = _ptr(view)
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end), pos = start, i
     cdef _Regions regs = job.regs

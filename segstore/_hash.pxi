@@ -343,7 +343,7 @@ def crc32c_without_gil() -> bool:
 
 def crc32c(data) -> int:
     """CRC-32C (Castagnoli) of a buffer, computed by the crc32c package."""
-    return _crc32c_pkg(data)
+    return _crc32c_pkg(_byte_buffer(data, "data"))
 
 
 cdef inline _not_null_key(key):
@@ -356,7 +356,7 @@ cdef inline _not_null_key(key):
 def murmur2(data) -> int:
     """Kafka's murmur2 (seed 0x9747b28c) as a signed 32-bit int, like Java's Utils.murmur2."""
     _not_null_key(data)
-    cdef const uint8_t[::1] v = data
+    cdef const uint8_t[::1] v = _byte_buffer(data, "data")
     return _murmur2(_ptr(v), v.shape[0])
 
 
@@ -377,7 +377,7 @@ def murmur2_partition(key, num_partitions) -> int:
     """Kafka's default partitioner for a non-null key: toPositive(murmur2(key)) % n."""
     cdef int n = _partitions_arg(num_partitions)
     _not_null_key(key)
-    cdef const uint8_t[::1] v = key
+    cdef const uint8_t[::1] v = _byte_buffer(key, "key")
     return (_murmur2(_ptr(v), v.shape[0]) & 0x7FFFFFFF) % n
 
 
@@ -454,7 +454,7 @@ def murmur3_128(data, seed=0) -> bytes:
     cdef uint32_t s32 = <uint32_t>_int_arg(seed, "seed", InvalidArgumentError, 0, 0xFFFFFFFF,
                                            None, OffsetTypeError)
     _not_null_key(data)
-    cdef const uint8_t[::1] v = data
+    cdef const uint8_t[::1] v = _byte_buffer(data, "data")
     cdef uint64_t h1, h2
     cdef uint8_t out[16]
     cdef int i

@@ -41,7 +41,7 @@ def first_null_key(buf, batches, file=None):
     if not isinstance(batches, np.ndarray) or batches.dtype != BATCH_DTYPE:
         raise InvalidArgumentError(f"batches must be scan_batches rows (an array of "
                                    f"BATCH_DTYPE), not {type(batches).__name__}")
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef const uint8_t[::1] rec
     cdef Py_ssize_t pos, size
     cdef int32_t n, at

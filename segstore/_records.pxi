@@ -298,7 +298,7 @@ def decode_records(buf, start=0, end=None, *, min_offset=None, end_offset=None,
                    topic=None, partition=None, file=None, bint strict=False):
     """Records with ``min_offset <= offset < end_offset`` as ConsumerRecord namedtuples."""
     cdef Py_ssize_t s0 = _i64_arg(start, "start", InvalidArgumentError)
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef Py_ssize_t e = _resolve_end(view.shape[0], s0, end)
     cdef int64_t lo = _opt_i64(min_offset, -INT64_MAX_C - 1, "min_offset")
     cdef int64_t hi = _opt_i64(end_offset, INT64_MAX_C, "end_offset")

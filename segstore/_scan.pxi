@@ -195,7 +195,7 @@ def scan_batches(buf, start=0, end=None, *, bint validate_crc=False,
     Returns ScanResult(batches, valid_end, torn, error); see _core.pyi.
     """
     cdef Py_ssize_t s0 = _i64_arg(start, "start", InvalidArgumentError)
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef Py_ssize_t e = _resolve_end(view.shape[0], s0, end)
     cdef Py_ssize_t mb = -1 if max_batches is None else _int_arg(
         max_batches, "max_batches", InvalidArgumentError, 0, INT64_MAX_C,
@@ -219,7 +219,7 @@ def set_base_offset(buf, position, base_offset, partition_leader_epoch=None):
         epoch = <int32_t>_int_arg(partition_leader_epoch, "partition_leader_epoch",
                                   InvalidRecordError, -0x80000000, 0x7FFFFFFF,
                                   "an int of 32 signed bits", InvalidRecordError)
-    cdef uint8_t[::1] view = buf
+    cdef uint8_t[::1] view = _byte_buffer(buf, "buf", True)
     if pos < 0 or pos + V2_HEADER_C > view.shape[0]:
         raise InvalidArgumentError(f"no v2 batch header at position {position}")
     if view[pos + 16] != 2:

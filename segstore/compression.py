@@ -22,7 +22,8 @@ import zlib
 
 import cramjam
 
-from segstore.errors import CorruptRecordError, InvalidConfigError, UnsupportedCompressionError
+from segstore.errors import (BufferTypeError, CorruptRecordError, InvalidConfigError,
+                             UnsupportedCompressionError)
 
 __all__ = ["codec_id", "codec_name", "compress", "decompress"]
 
@@ -78,6 +79,19 @@ def codec_name(codec_id: int) -> str:
     return _NAMES[codec_id]
 
 
+def _byte_view(data) -> memoryview:
+    """``data`` as a flat byte view; BufferTypeError (a TypeError) when it is not a contiguous
+    bytes-like object."""
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise BufferTypeError(f"data must be a bytes-like object, not "
+                              f"{type(data).__name__}") from None
+    if not view.c_contiguous:
+        raise BufferTypeError(f"data must be a contiguous buffer, got strides {view.strides}")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
 def compress(codec_id: int, data, level: int | None = None) -> bytes:
     """Compress ``data`` (any bytes-like object) the way Kafka frames codec ``codec_id``.
 
@@ -88,8 +102,7 @@ def compress(codec_id: int, data, level: int | None = None) -> bytes:
     """
     codec_name(codec_id)  # rejects unknown ids
     level = _check_level(codec_id, level)
-    with memoryview(data) as view:
-        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    with _byte_view(data) as view:
         if codec_id == 0:
             return bytes(view)
         if codec_id == 1:
@@ -114,12 +127,11 @@ def decompress(codec_id: int, data, *, magic: int = 2) -> bytes:
     it is not copied except to fix a magic-0 lz4 header. ``magic`` is the batch's magic: magic 0
     lz4 frames carry Kafka's historically wrong header checksum (KIP-57), which is accepted, and
     zstd is only legal with magic 2. Malformed or truncated input raises
-    :class:`~segstore.errors.CorruptRecordError` and nothing else (an object that is not
-    bytes-like at all is a ``TypeError``).
+    :class:`~segstore.errors.CorruptRecordError` and nothing else (an object that is not a
+    contiguous bytes-like object is a :class:`~segstore.errors.BufferTypeError`, a ``TypeError``).
     """
     name = codec_name(codec_id)
-    with memoryview(data) as view:
-        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    with _byte_view(data) as view:
         try:
             if codec_id == 0:
                 return bytes(view)

@@ -78,6 +78,11 @@ class InvalidArgumentError(SegstoreError, ValueError):
     ``start``/``end`` outside the buffer given to the codec)."""
 
 
+class BufferTypeError(InvalidArgumentError, TypeError):
+    """A buffer argument that is not a one-dimensional, contiguous buffer of bytes (bytes,
+    bytearray, mmap, memoryview, a uint8 array): a TypeError too."""
+
+
 class InvalidTopicError(SegstoreError, ValueError):
     """A topic name Kafka would reject."""
 

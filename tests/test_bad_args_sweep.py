@@ -29,7 +29,7 @@ import pytest
 import segstore
 from segstore import _core, buffer_pool, compression
 from segstore.columns import BinaryColumn
-from segstore.errors import (CorruptRecordError, InvalidArgumentError, InvalidConfigError,
+from segstore.errors import (BufferTypeError, CorruptRecordError, InvalidArgumentError, InvalidConfigError,
                              InvalidOffsetError, InvalidRecordError, InvalidTopicError,
                              OffsetOutOfRangeError, OffsetTypeError, RecordTooLargeError,
                              SegstoreError, UnknownTopicOrPartitionError,
@@ -608,10 +608,6 @@ def test_valid_arguments_keep_their_meaning(template, fresh):
 
 GOOD = _core.encode_batch([b"a", b"b"], [b"k", None], [[("h", b"v")], None], 5)
 COL = BinaryColumn.from_pylist([b"a", b"b"])
-BUFFER_CLASS = _xfail("a buffer argument that is not a contiguous byte buffer raises Python's "
-                      "TypeError/ValueError/BufferError (None reads as empty): which segstore "
-                      "class (a TypeError, as OffsetTypeError is?) is a decision to make first")
-
 
 def _bad_offsets(offsets, n=2):
     return BinaryColumn(np.zeros(3, np.uint8), np.array(offsets, np.int64), np.ones(n, bool))
@@ -771,26 +767,24 @@ CORE_CASES = [
          "first_null_key-int-array-batches"),
     case(lambda: _core.murmur2_partitions(_bad_offsets([0, 2, 9]), 3), InvalidRecordError,
          "murmur2_partitions-offsets-past-the-data"),
-    # Buffers that are not contiguous byte buffers: still Python's errors (xfail).
-    case(lambda: _core.crc32c(1.5), InvalidArgumentError, "crc32c-float", BUFFER_CLASS),
-    case(lambda: _core.murmur2(np.zeros(2, np.int32)), InvalidArgumentError,
-         "murmur2-int32-array", BUFFER_CLASS),
-    case(lambda: _core.scan_batches(None), InvalidArgumentError, "scan_batches-None",
-         BUFFER_CLASS),
-    case(lambda: _core.decode_records(np.zeros(200, np.uint8)[::2]), InvalidArgumentError,
-         "decode_records-non-contiguous", BUFFER_CLASS),
-    case(lambda: _core.decode_columns(np.zeros((4, 40), np.uint8)), InvalidArgumentError,
-         "decode_columns-2d", BUFFER_CLASS),
-    case(lambda: _core.set_base_offset(GOOD, 0, 0), InvalidArgumentError,
-         "set_base_offset-read-only-bytes", BUFFER_CLASS),
+    # Buffers that are not contiguous byte buffers: BufferTypeError (Python's TypeError,
+    # ValueError or BufferError before, and None read as an empty buffer).
+    case(lambda: _core.crc32c(1.5), BufferTypeError, "crc32c-float"),
+    case(lambda: _core.murmur2(np.zeros(2, np.int32)), BufferTypeError,
+         "murmur2-int32-array"),
+    case(lambda: _core.scan_batches(None), BufferTypeError, "scan_batches-None"),
+    case(lambda: _core.decode_records(np.zeros(200, np.uint8)[::2]), BufferTypeError,
+         "decode_records-non-contiguous"),
+    case(lambda: _core.decode_columns(np.zeros((4, 40), np.uint8)), BufferTypeError,
+         "decode_columns-2d"),
+    case(lambda: _core.set_base_offset(GOOD, 0, 0), BufferTypeError,
+         "set_base_offset-read-only-bytes"),
     case(lambda: _core.first_null_key(1.5, _core.scan_batches(GOOD).batches),
-         InvalidArgumentError, "first_null_key-float-buffer", BUFFER_CLASS),
-    case(lambda: compression.compress(1, "text"), InvalidArgumentError, "compress-str",
-         BUFFER_CLASS),
-    case(lambda: compression.compress(3, np.zeros(8, np.uint8)[::2]), InvalidArgumentError,
-         "compress-lz4-non-contiguous", BUFFER_CLASS),
-    case(lambda: compression.decompress(1, None), InvalidArgumentError, "decompress-None",
-         BUFFER_CLASS),
+         BufferTypeError, "first_null_key-float-buffer"),
+    case(lambda: compression.compress(1, "text"), BufferTypeError, "compress-str"),
+    case(lambda: compression.compress(3, np.zeros(8, np.uint8)[::2]), BufferTypeError,
+         "compress-lz4-non-contiguous"),
+    case(lambda: compression.decompress(1, None), BufferTypeError, "decompress-None"),
     # columns (BinaryColumn): anything but 1-d C-contiguous arrays raised AttributeError or,
     # later, ValueError; from_pylist TypeError for a non-sequence and UnicodeEncodeError for a
     # lone surrogate; filter and to_arrow IndexError, ValueError or ArrowInvalid for offsets
