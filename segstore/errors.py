@@ -130,13 +130,18 @@ def offset_argument(value, what: str = "offset") -> int:
     return int(value)
 
 
+def is_time_ms(value) -> bool:
+    """Milliseconds since the epoch as the time rules take them: an int from 0 to 2**63 - 1."""
+    return is_int(value) and 0 <= value < 1 << 63
+
+
 def now_argument(now_ms, clock) -> int:
     """A time rule's "now": ``now_ms`` (milliseconds since the epoch, an int from 0 to
     2**63 - 1) or, when it is None, ``clock()``. InvalidArgumentError otherwise: a float would
     be compared and printed as given, and a bool is not a time."""
     if now_ms is None:
         return clock()
-    if not is_int(now_ms) or not 0 <= now_ms < 1 << 63:
+    if not is_time_ms(now_ms):
         raise InvalidArgumentError(f"now_ms must be an int from 0 to 2**63 - 1 (milliseconds "
                                    f"since the epoch), got {now_ms!r}")
     return int(now_ms)

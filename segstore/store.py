@@ -26,9 +26,10 @@ from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                          RECOVERY_POINT_CHECKPOINT, CheckpointError, OffsetCheckpointFile,
                          create_marker, fsync_dir, write_atomic_many)
 from .config import StoreConfig, TopicConfig
-from .errors import (InvalidConfigError, InvalidRecordError, InvalidTopicError, OffsetTypeError,
-                     ReadOnlyStoreError, is_int, offset_argument, now_argument, StoreClosedError,
-                     TopicAlreadyExistsError, UnknownTopicOrPartitionError)
+from .errors import (BufferTypeError, InvalidConfigError, InvalidRecordError, InvalidTopicError,
+                     OffsetTypeError, ReadOnlyStoreError, StoreClosedError,
+                     TopicAlreadyExistsError, UnknownTopicOrPartitionError, is_time_ms,
+                     now_argument, offset_argument)
 from .file_lock import FileLock
 from .log import PartitionLog
 from .log_isolation import read_committed
@@ -79,7 +80,7 @@ class LogStore:
         self._services: list[threading.Thread] = []
         self._stop = threading.Event()
         self._last_checkpoint_ms = self.clock()
-        if not is_int(self._last_checkpoint_ms) or not 0 <= self._last_checkpoint_ms < 1 << 63:
+        if not is_time_ms(self._last_checkpoint_ms):
             # Checked once, before anything is made: a float clock (time.time() * 1000) broke
             # appends, tick() and close(), which then left the store locked.
             raise InvalidConfigError(f"clock() must return int milliseconds since the epoch "
@@ -335,7 +336,7 @@ class LogStore:
             return _core.murmur2_partition(key, n)
         except UnicodeEncodeError as e:  # a lone surrogate
             raise InvalidRecordError(f"key is not valid UTF-8 text: {e}") from None
-        except (TypeError, ValueError, BufferError):  # not a contiguous byte buffer
+        except BufferTypeError:  # not a contiguous byte buffer
             raise InvalidRecordError(f"a key must be bytes, str or None, not "
                                      f"{type(key).__name__}") from None
 

@@ -10,7 +10,8 @@ every file of the store (names, sizes and bytes, the ``.lock`` file aside) is wh
 without the call leaves, and a reopen reads the same records. Calls that need no store (the
 codec functions, columns, compression) only check the exception.
 
-Findings of this sweep (each fixed on its branch unless marked xfail) are noted at their cases.
+Findings of this sweep (all fixed) are noted at their cases; the create_topic descriptor case is
+in test_bad_input_review.py.
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
@@ -156,10 +154,6 @@ def C0(s):
 
 def case(call, expected, id, *marks):
     return pytest.param(call, expected, id=id, marks=marks)
-
-
-def _xfail(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
 
 
 def _other_logs_segment(s):
@@ -534,40 +528,6 @@ def test_open_refuses_a_path_that_is_not_one(tmp_path, monkeypatch, path):
     with pytest.raises(InvalidConfigError):
         segstore.open(path)
     assert os.listdir(tmp_path) == []
-
-
-def test_a_topic_too_large_for_the_descriptors_leaves_nothing(tmp_path):
-    """create_topic with more partitions than descriptors allow fails with the OSError and
-    leaves nothing behind. Before: every partition's close needed a descriptor of its own and
-    failed, none released theirs, the rmtree of their directories failed silently, and the
-    next open made them a topic again (a limit of 128, as test_bad_input_review's, happens to
-    leave a spare descriptor; which limits do depends on the descriptors the process holds,
-    hence three in a row)."""
-    for limit in (100, 101, 102):
-        d = str(tmp_path / f"data{limit}")
-        child = textwrap.dedent(f"""
-            import resource, segstore
-            s = segstore.open({d!r}); s.create_topic("t"); s.partition("t", 0).append(b"keep")
-            resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit}))
-            try:
-                s.create_topic("big", num_partitions=100_000)
-            except OSError as e:
-                print("OSError", e.errno)
-            print(sorted(s.list_topics()))
-            s.close()
-        """)
-        out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
-                             timeout=120)
-        assert out.stdout.split("\n")[:2] == ["OSError 24", "['t']"], out.stdout + out.stderr
-        assert sorted(os.listdir(d)) == [".kafka_cleanshutdown", ".lock", ".segstore",
-                                         "log-start-offset-checkpoint",
-                                         "recovery-point-offset-checkpoint", "t-0"]
-        s = segstore.open(d)
-        try:
-            assert s.list_topics() == ["t"]
-            assert [r.value for r in s.partition("t", 0).read(0)] == [b"keep"]
-        finally:
-            s.close()
 
 
 # --- arguments that are valid: they work, with their documented meaning ----------------------

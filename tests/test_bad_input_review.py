@@ -208,16 +208,26 @@ def test_header_keys_as_bytes_are_appended_and_reported(store):
     assert list(log.read(0)[0].headers) == [("k", b"vv")]
 
 
-def test_create_topic_that_runs_out_of_descriptors_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("limit, partitions, limit_after_open", [
+    (128, 1000, False),
+    # Limits set after the open, when the process holds the store's descriptors: every
+    # partition's close needed a descriptor of its own and failed, none released theirs, the
+    # rmtree of their directories failed silently and the next open made them a topic again.
+    # Which limits hit that depends on the descriptors the process holds, hence three in a row.
+    (100, 100_000, True), (101, 100_000, True), (102, 100_000, True)])
+def test_create_topic_that_runs_out_of_descriptors_leaves_nothing(tmp_path, limit, partitions,
+                                                                  limit_after_open):
     """A create_topic that fails half way (here: out of file descriptors) removes the
     partitions it made and its metadata; the store reopens without the topic."""
     d = str(tmp_path / "data")
+    set_limit = f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit}))"
     child = textwrap.dedent(f"""
         import resource, segstore
-        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+        {"" if limit_after_open else set_limit}
         s = segstore.open({d!r}); s.create_topic("t"); s.partition("t", 0).append(b"keep")
+        {set_limit if limit_after_open else ""}
         try:
-            s.create_topic("big", num_partitions=1000)
+            s.create_topic("big", num_partitions={partitions})
         except OSError as e:
             print("OSError", e.errno)
         print(sorted(s.list_topics()))
@@ -226,6 +236,10 @@ def test_create_topic_that_runs_out_of_descriptors_leaves_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.split("\n")[:2] == ["OSError 24", "['t']"], out.stdout + out.stderr
+    if limit_after_open:
+        assert sorted(os.listdir(d)) == [".kafka_cleanshutdown", ".lock", ".segstore",
+                                         "log-start-offset-checkpoint",
+                                         "recovery-point-offset-checkpoint", "t-0"]
     s = segstore.open(d)
     try:
         assert s.list_topics() == ["t"]

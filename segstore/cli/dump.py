@@ -104,8 +104,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true",
                    help="one JSON object per file, batch, record, index entry and problem")
     p.add_argument("--fail-on-error", action="store_true",
-                   help="exit 1 when a CRC, index, offset-order, trailing-byte or producer snapshot "
-                        "problem is found")
+                   help="exit 1 when a CRC, index, offset-order, trailing-byte or producer "
+                        "snapshot problem is found")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     p.set_defaults(func=run)
 
