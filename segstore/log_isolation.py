@@ -37,7 +37,6 @@ READ_COMMITTED = "read_committed"
 ISOLATION_LEVELS = (READ_UNCOMMITTED, READ_COMMITTED)
 _ATTR_TRANSACTIONAL = 0x10
 _ATTR_CONTROL = 0x20
-_NO_RANGES = np.empty((0, 2), dtype=np.int64)
 
 
 def read_committed(isolation_level) -> bool:
@@ -126,7 +125,10 @@ def stable_bound(first_unstable, st) -> int:
 
 def aborted_batches(buf, start: int, end: int, aborted: list[AbortedTxn]) -> np.ndarray:
     """The headers (``_core.BATCH_DTYPE`` rows, in log order) of the batches in
-    ``buf[start:end]`` that belong to an ``aborted`` transaction."""
+    ``buf[start:end]`` that belong to an ``aborted`` transaction and pass their CRC check.
+
+    A batch whose CRC fails is left out: its header fields that make it look aborted may be
+    the damage, so it stays in the bytes a read decodes, which raises when it reaches it."""
     b = _core.scan_batches(buf, start, end, raise_on_corrupt=False).batches
     if not aborted or not len(b):
         return b[:0]
@@ -136,16 +138,11 @@ def aborted_batches(buf, start: int, end: int, aborted: list[AbortedTxn]) -> np.
     for t in aborted:
         drop |= (txn & (b["producer_id"] == t.producer_id) & (b["base_offset"] >= t.first_offset)
                  & (b["base_offset"] <= t.last_offset))
-    return b[drop]
-
-
-def aborted_ranges(buf, start: int, end: int, aborted: list[AbortedTxn]) -> np.ndarray:
-    """[first, last] offsets (an n x 2 int64 array, in log order) of the batches in
-    ``buf[start:end]`` that belong to an ``aborted`` transaction."""
-    if not aborted or end <= start:
-        return _NO_RANGES
-    b = aborted_batches(buf, start, end, aborted)
-    return np.stack([b["base_offset"], b["last_offset"]], axis=1).astype(np.int64)
+    b = b[drop]
+    intact = [_core.scan_batches(buf, p, p + n, validate_crc=True,
+                                 raise_on_corrupt=False).error is None
+              for p, n in zip(b["position"].tolist(), b["size"].tolist())]
+    return b[np.array(intact, dtype=bool)] if len(b) else b
 
 
 def committed_spans(buf, start: int, end: int, aborted: list[AbortedTxn]) -> list:
@@ -164,17 +161,7 @@ def committed_spans(buf, start: int, end: int, aborted: list[AbortedTxn]) -> lis
     return spans
 
 
-def keep_mask(offsets: np.ndarray, ranges: np.ndarray) -> np.ndarray:
-    """False for each of ``offsets`` inside one of ``ranges`` (disjoint, ascending)."""
-    if not len(ranges):
-        return np.ones(len(offsets), dtype=bool)
-    i = np.searchsorted(ranges[:, 0], offsets, side="right") - 1
-    inside = (i >= 0) & (offsets <= ranges[np.maximum(i, 0), 1])
-    return ~inside
-
-
 __all__ = ["READ_UNCOMMITTED", "READ_COMMITTED", "ISOLATION_LEVELS", "read_committed",
            "CommittedView", "committed_view", "replayed_view", "readonly_producer_state",
            "readonly_first_unstable", "stable_bound",
-           "in_range", "aborted_batches", "aborted_ranges",
-           "committed_spans", "keep_mask"]
+           "in_range", "aborted_batches", "committed_spans"]

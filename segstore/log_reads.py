@@ -11,12 +11,11 @@ import functools
 import mmap
 from typing import Iterator, Optional
 
-import numpy as np
 
 from . import _core, segment_reads
 from .columns import RecordColumns
-from .log_isolation import (READ_UNCOMMITTED, aborted_ranges, committed_spans, committed_view,
-                            in_range, keep_mask, read_committed, replayed_view)
+from .log_isolation import (READ_UNCOMMITTED, committed_spans, committed_view,
+                            in_range, read_committed, replayed_view)
 from .errors import (CorruptRecordError, InvalidArgumentError, InvalidOffsetError,
                      OffsetOutOfRangeError, SegmentChangedError, offset_argument)
 from .log_state import LogState as _State
@@ -126,21 +125,19 @@ class LogReads:
                 continue
             buf, start, end, damage = rng
             last = st.log_end_offset if end_offset is None else min(end_offset, st.log_end_offset)
-            decoded = _core.decode_records(
-                buf, start, end, min_offset=offset, end_offset=last, max_records=left,
+            recs, cut = _decode_committed(
+                buf, start, end, aborted, left, min_offset=offset, end_offset=last,
                 topic=self.topic, partition=self.partition, file=seg.log_path, strict=True)
-            recs = _without_aborted(decoded, buf, start, end, aborted)
             out.extend(recs)
-            if damage is not None and (left is None or len(decoded) < left):
+            if damage is not None and not cut:
                 raise damage  # the range stopped short of a damaged batch it needs
-            cut = left is not None and len(decoded) == left  # the range holds more records
             if not out:
                 # Only markers or aborted records (or nothing at or past ``offset``) so far:
                 # the read goes on past them, as a consumer moves its position past them, so
                 # that [] still means the end (a small max_bytes spent on a marker returned []
                 # before).
-                if cut and decoded:
-                    past = decoded[-1].offset + 1
+                if cut and recs:
+                    past = recs[-1].offset + 1
                 else:
                     batches = _core.scan_batches(buf, start, end).batches
                     past = int(batches["last_offset"][-1]) + 1 if len(batches) else offset
@@ -152,8 +149,8 @@ class LogReads:
             budget -= end - start
             if budget <= 0 or (max_records is not None and len(out) >= max_records):
                 break
-            if cut and decoded:  # records were left out: the rest of the segment is still due
-                offset = decoded[-1].offset + 1
+            if cut and recs:  # records were left out: the rest of the segment is still due
+                offset = recs[-1].offset + 1
                 continue
             if end < seg.size:
                 # max_bytes ended the range inside this segment: the next segment's records
@@ -306,15 +303,18 @@ class LogReads:
         return OffsetAndTimestamp(int(b[b["max_timestamp"] == ts]["last_offset"][0]), ts, None)
 
 
-def _without_aborted(recs: list, buf, start: int, end: int, aborted) -> list:
-    """``recs`` (decoded from ``buf[start:end]``) without aborted transactions' records."""
-    if not aborted or not recs:
-        return recs
-    ranges = aborted_ranges(buf, start, end, aborted)
-    if not len(ranges):
-        return recs
-    keep = keep_mask(np.fromiter((r.offset for r in recs), np.int64, len(recs)), ranges)
-    return [r for r, k in zip(recs, keep.tolist()) if k]
+def _decode_committed(buf, start: int, end: int, aborted, left: Optional[int], **kw):
+    """The records of ``buf[start:end]`` outside aborted transactions' batches (which are
+    skipped, not decoded), at most ``left`` of them; and whether ``left`` cut them short (the
+    range may hold more)."""
+    out: list = []
+    for s, e in committed_spans(buf, start, end, aborted):
+        want = None if left is None else left - len(out)
+        recs = _core.decode_records(buf, s, e, max_records=want, **kw)
+        out = recs if not out else out + recs
+        if want is not None and len(recs) == want:
+            return out, True
+    return out, False
 
 
 def _end_position(seg, end_offset: int, start: int) -> int:

@@ -14,13 +14,14 @@ code is used to compute expectations.
 from __future__ import annotations
 
 import random
+import struct
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FakeClock
+from conftest import FakeClock, batch_spans, v2_header
 from segstore.config import TopicConfig
 from segstore.errors import InvalidArgumentError
 from segstore.log import PartitionLog
@@ -399,3 +400,65 @@ def test_store_end_offsets_by_isolation_level(tmp_path):
         assert s.end_offsets(tps, isolation_level="read_committed") == {tps[0]: r.lso, tps[1]: 1}
         with pytest.raises(InvalidArgumentError, match="isolation_level"):
             s.end_offsets(tps, isolation_level="committed")
+
+
+def _damaged_reopen(tmp_path, edit):
+    """A closed log of [plain 0] [txn p1: 1] [txn p2: 2-3] [ABORT p1: 4] [COMMIT p2: 5]
+    [plain 6], with ``edit(buf, spans)`` applied to its segment file, reopened cleanly (no
+    recovery: the damage stays for the reads to meet)."""
+    path = tmp_path / "t-0"
+    log = open_log(path)
+    r = Replay(log)
+    r.plain()
+    r.txn(1)
+    r.txn(2, n=2)
+    r.end(1, abort=True)
+    r.end(2, abort=False)
+    r.plain()
+    leo = log.log_end_offset
+    log.close()
+    seg = path / "00000000000000000000.log"
+    buf = bytearray(seg.read_bytes())
+    edit(buf, batch_spans(buf))
+    seg.write_bytes(bytes(buf))
+    return open_log(path, recovery_point=leo, had_clean_shutdown=True)
+
+
+@pytest.mark.parametrize("damage", ["aborted batch's value", "committed batch's producer id"])
+def test_a_damaged_batch_among_aborted_ones_raises_not_vanishes(tmp_path, damage):
+    """Aborted batches are skipped without decoding, but only once their CRC passes: a bit
+    flip inside one, or one in a committed batch's producer id that makes it look like part of
+    the aborted transaction, raises CorruptRecordError naming the file and position instead of
+    reading as nothing."""
+    from segstore.errors import CorruptRecordError
+
+    def edit(buf, spans):
+        if damage == "aborted batch's value":
+            pos, size = spans[1]  # producer 1's aborted batch
+            buf[pos + size - 2] ^= 0x40
+        else:
+            pos, size = spans[2]  # producer 2's committed batch: claim producer 1
+            assert v2_header(buf, pos)["producer_id"] == 2
+            struct.pack_into(">q", buf, pos + 43, 1)
+        return pos
+
+    where = {}
+    log = _damaged_reopen(tmp_path, lambda buf, spans: where.setdefault("pos", edit(buf, spans)))
+    for read in (lambda: log.read(0, isolation_level="read_committed"),
+                 lambda: log.read_columns(0, isolation_level="read_committed"),
+                 lambda: list(log.iter_records(0, isolation_level="read_committed"))):
+        with pytest.raises(CorruptRecordError) as e:
+            read()
+        assert "00000000000000000000.log" in str(e.value) and str(where["pos"]) in str(e.value)
+    # what comes before the damage still reads
+    assert [x.offset for x in log.read(0, max_records=1, isolation_level="read_committed")] == [0]
+    assert log.read_columns(0, max_records=1, isolation_level="read_committed").offsets.tolist() \
+        == [0]
+    log.close()
+
+
+def test_intact_aborted_batches_are_still_skipped_after_a_clean_reopen(tmp_path):
+    log = _damaged_reopen(tmp_path, lambda buf, spans: None)
+    assert [x.offset for x in log.read(0, isolation_level="read_committed")] == [0, 2, 3, 6]
+    assert log.read_columns(0, isolation_level="read_committed").offsets.tolist() == [0, 2, 3, 6]
+    log.close()
