@@ -37,8 +37,9 @@ from .records import RecordMetadata, TopicPartition
 from .topic import (is_legal_topic_name, read_topic_metas, remove_topic_meta, topic_meta_dir,
                     topic_partitions, validate_partition_count, validate_topic_name,
                     write_topic_meta)
-from .cleaner import CleanerStats, LogCleaner
+from .cleaner import LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
+from .segment_delete_queue import SegmentDeleteQueue
 
 log = logging.getLogger("segstore.store")
 
@@ -74,8 +75,7 @@ class LogStore:
         self._file_lock = FileLock(self.path)
         self._topics: dict[str, dict] = {}        # name -> {"partitions": n, "config": TopicConfig}
         self._logs: dict[TopicPartition, PartitionLog] = {}
-        self._delete_queue: list = []            # (due_ms, segment) awaiting physical deletion
-        self._delete_lock = threading.Lock()     # its own lock: logs queue while holding theirs
+        self._deletes = SegmentDeleteQueue(self.clock)  # ``.deleted`` segments awaiting removal
         self._round_robin = itertools.count()
         self._services: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -154,7 +154,7 @@ class LogStore:
         lg = PartitionLog(os.path.join(self.path, f"{tp.topic}-{tp.partition}"), tp.topic,
                           tp.partition, config, self.clock, readonly=self.readonly,
                           recovery_point=recovery_point, log_start_offset=log_start,
-                          had_clean_shutdown=clean, delete_later=self._schedule_delete,
+                          had_clean_shutdown=clean, delete_later=self._deletes.schedule,
                           producer_id_expiration_ms=self.config.producer_id_expiration_ms)
         if not self.readonly:
             lg.truncation_listeners.append(self._on_truncated)
@@ -162,10 +162,6 @@ class LogStore:
 
     def _on_truncated(self, tp: TopicPartition, offset: int) -> None:
         self.cleaner.manager.maybe_truncate_checkpoint(tp, offset)
-
-    def _schedule_delete(self, segment, delay_ms: int) -> None:
-        with self._delete_lock:
-            self._delete_queue.append((self.clock() + delay_ms, segment))
 
     # -- checks -----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -235,9 +231,7 @@ class LogStore:
                     self.cleaner.manager.abort_and_pause_cleaning(tp)
                 lg = self._logs.pop(tp)
                 lg.close()
-                with self._delete_lock:
-                    self._delete_queue = [(d, s) for d, s in self._delete_queue
-                                          if not s.directory == lg.directory]
+                self._deletes.forget(lg.directory)
                 # Kafka's <topic>-<p>.<uuid>-delete, the topic cut so the name fits 255 bytes.
                 suffix = f"-{p}.{uuid.uuid4().hex}-delete"
                 gone = os.path.join(self.path, name[:255 - len(suffix)] + suffix)
@@ -397,16 +391,7 @@ class LogStore:
             self._next_expiration_ms = now + self.config.producer_id_expiration_check_interval_ms
             for lg in list(self._logs.values()):
                 lg.remove_expired_producers(now)
-        self._delete_due(now)
-
-    def _delete_due(self, now: Optional[int]) -> int:
-        with self._delete_lock:
-            due = [s for d, s in self._delete_queue if now is None or d <= now]
-            self._delete_queue = [(d, s) for d, s in self._delete_queue
-                                  if not (now is None or d <= now)]
-        for seg in due:
-            seg.delete_files()
-        return len(due)
+        self._deletes.delete_due(now)
 
     def enforce_retention(self, now_ms: Optional[int] = None, dry_run: bool = False, *,
                           include_compacted: bool = True) -> RetentionReport:
@@ -498,29 +483,7 @@ class LogStore:
                     raise UnknownTopicOrPartitionError(f"no partition {tp.topic}-{tp.partition}")
         else:
             tps = sorted(tp for tp, lg in self._logs.items() if lg.config.compact)
-        results: list[CleanerStats] = []
-        mgr = self.cleaner.manager
-        worker = self.cleaner.acquire_on_demand_id()
-        try:
-            for tp in tps:
-                last_end = None
-                while True:
-                    now = self.clock() if now_ms is None else now_ms
-                    ltc = mgr.grab_log(tp, now, force=force)
-                    if ltc is None:
-                        break
-                    stats = self.cleaner.clean_log(worker, ltc, now, raise_errors=True)
-                    if stats is None:
-                        if self.cleaner.closing:  # aborted: close() waits for this round
-                            raise StoreClosedError("the store was closed during compact()")
-                        break
-                    results.append(stats)
-                    if not stats.map_full or stats.end_offset == last_end:
-                        break  # done, or a full map made no progress
-                    last_end = stats.end_offset
-        finally:
-            self.cleaner.release_on_demand_id(worker)
-        return results
+        return self.cleaner.clean_now(tps, force=force, now_ms=now_ms)
 
     def write_checkpoints(self) -> None:
         """Write the recovery-point and log-start-offset checkpoint files, then delete the
@@ -575,7 +538,7 @@ class LogStore:
             "partitions": len(self._logs),
             "size-bytes": sum(lg.size_bytes for lg in self._logs.values()),
             "segments": sum(len(lg.segments) for lg in self._logs.values()),
-            "pending-deletes": len(self._delete_queue),
+            "pending-deletes": len(self._deletes),
             **self.cleaner.metrics(),
         }
 
@@ -595,7 +558,7 @@ class LogStore:
             if not self.readonly:
                 for lg in self._logs.values():
                     lg.close()
-                self._delete_due(None)
+                self._deletes.delete_due(None)
                 self.write_checkpoints()
                 create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
                 self._file_lock.release()

@@ -137,6 +137,34 @@ class LogCleaner:
         for mine in idle.values():
             _spare(mine)
 
+    def clean_now(self, tps: list, force: bool = False, now_ms: Optional[int] = None) -> list:
+        """On-demand compaction (``store.compact``) in the calling thread: each partition of
+        ``tps`` is cleaned round after round until its cleanable section is done (a round ends
+        early when the offset map fills up), or a full map makes no progress. Returns each
+        round's CleanerStats; errors raise (the partition is marked uncleanable first)."""
+        results: list[CleanerStats] = []
+        worker = self.acquire_on_demand_id()
+        try:
+            for tp in tps:
+                last_end = None
+                while True:
+                    now = self.clock() if now_ms is None else now_ms
+                    ltc = self.manager.grab_log(tp, now, force=force)
+                    if ltc is None:
+                        break
+                    stats = self.clean_log(worker, ltc, now, raise_errors=True)
+                    if stats is None:
+                        if self.closing:  # aborted: close() waits for this round
+                            raise StoreClosedError("the store was closed during compact()")
+                        break
+                    results.append(stats)
+                    if not stats.map_full or stats.end_offset == last_end:
+                        break  # done, or a full map made no progress
+                    last_end = stats.end_offset
+        finally:
+            self.release_on_demand_id(worker)
+        return results
+
     # -- one round --------------------------------------------------------------------------
     def clean_log(self, thread_id: int, ltc: LogToClean, now: Optional[int] = None,
                   raise_errors: bool = False) -> Optional[CleanerStats]:
