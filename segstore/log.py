@@ -110,6 +110,11 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
 
     # -- snapshot accessors -----------------------------------------------------------------
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (its topic deleted, or the store closed)."""
+        return self._closed
+
+    @property
     def segments(self) -> tuple:
         """The segments, oldest first (an immutable snapshot)."""
         self._refresh()

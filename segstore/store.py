@@ -425,7 +425,7 @@ class LogStore:
                 # deleting segments schedules them on the store's queue (the store's lock) while
                 # holding the log's lock. Appends and reads take neither.
                 with self._lock:
-                    if lg._closed:
+                    if lg.closed:
                         continue  # its topic was deleted during the pass
                     report.partitions[tp] = _enforce_retention(lg, now, dry_run=dry_run)
             except Exception as e:  # one failing partition must not stop the others
@@ -438,7 +438,7 @@ class LogStore:
         now = self.clock() if now is None else now
         for lg in logs:
             with self._lock:
-                if lg._closed:
+                if lg.closed:
                     continue
                 try:
                     _enforce_retention(lg, now)

@@ -266,7 +266,7 @@ class LogCleanerManager:
             candidates = []
             for tp, lg in self._logs().items():
                 if (not lg.config.compact or tp in self._states or tp in self.uncleanable
-                        or lg._closed):
+                        or lg.closed):
                     continue
                 try:
                     ltc = self.log_to_clean(lg, cps.get(tp), now)
@@ -449,7 +449,7 @@ class LogCleanerManager:
         cps = self.all_cleaner_checkpoints()
         for tp in list(self.uncleanable):
             lg = logs.get(tp)
-            if lg is None or lg._closed:
+            if lg is None or lg.closed:
                 continue
             try:
                 first_dirty, unc, _ = self.cleanable_offsets(lg, cps.get(tp), self.clock())
