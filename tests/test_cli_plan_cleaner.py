@@ -13,7 +13,7 @@ import pytest
 import segstore
 from segstore import _core
 from segstore.cleaner.map_build import dedupe_buffer_for
-from segstore.cli.compaction import BYTES_PER_KEY, plan_cleaner
+from segstore.cli.plan_cleaner import BYTES_PER_KEY, plan_cleaner
 
 TS = 1_700_000_000_000
 

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 from ..errors import SegstoreError
 from ._common import ArgumentParser, CommandError, UsageError
-from . import admin, compaction, dump, maintenance
+from . import admin, compaction, dump, maintenance, plan_cleaner
 
 __all__ = ["main", "build_parser"]
 
@@ -38,6 +38,7 @@ def build_parser() -> ArgumentParser:
     dump.register(sub)
     admin.register(sub)
     maintenance.register(sub)
+    plan_cleaner.register(sub)
     compaction.register(sub)
     return parser
 
