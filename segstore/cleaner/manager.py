@@ -316,14 +316,19 @@ class LogCleanerManager:
             if tp in self.uncleanable and not force:
                 return None            # quarantined after an error: only force retries it
             ltc = self.log_to_clean(lg, self.all_cleaner_checkpoints().get(tp), now)
-            eligible = ltc.eligible
-            if not (eligible and ltc.cleanable_bytes > 0) and not self._purge_due(ltc, now) \
-                    and not (force and ltc.cleanable_bytes > 0):
+            if not self.wants_on_demand_clean(ltc, now, force):
                 return None
-            ltc.forced = force and not eligible
+            ltc.forced = force and not ltc.eligible
             self.uncleanable.pop(tp, None)   # a forced retry; a new error quarantines it again
             self._states[tp] = IN_PROGRESS
             return ltc
+
+    def wants_on_demand_clean(self, ltc: LogToClean, now: int, force: bool) -> bool:
+        """Whether an on-demand clean (``grab_log``) takes ``ltc``: eligible with cleanable
+        bytes, tombstones or markers due for purging, or ``force`` with cleanable bytes.
+        ``segstore compact --dry-run`` asks the same question."""
+        return ((ltc.eligible and ltc.cleanable_bytes > 0) or self._purge_due(ltc, now)
+                or (force and ltc.cleanable_bytes > 0))
 
     @staticmethod
     def _purge_due(ltc: LogToClean, now: int) -> bool:

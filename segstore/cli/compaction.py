@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 from .. import _core
 from ._common import (CommandError, UsageError, add_store_options, iter_partitions, open_store,
                       print_json, progress, time_ms)
+from .clean_check import DAMAGE_ERRORS, Outcome, predict
 
 
 def register(subparsers) -> None:
@@ -15,12 +19,17 @@ def register(subparsers) -> None:
         description="Per partition: segments, bytes, log start and end, clean and dirty bytes, "
                     "the dirty ratio against min.cleanable.dirty.ratio, the first dirty offset, "
                     "the compaction delay against max.compaction.lag.ms, tombstones awaiting "
-                    "their delete horizon, and why a partition is not (yet) cleaned.")
+                    "their delete horizon, and why a partition is not (yet) cleaned. Exit status 1 "
+                    "when a cleaning of a described partition would fail on damage (found in "
+                    "batch headers, or with --check-crc in any batch a cleaning reads).")
     add_store_options(p)
     p.add_argument("--topic", action="append", default=None, help="only this topic; repeatable")
     p.add_argument("--partition", type=int, default=None, help="only this partition")
     p.add_argument("--now-ms", type=time_ms, default=None, metavar="MS",
                    help="the time compaction delay and horizons are measured at (default: now)")
+    p.add_argument("--check-crc", action="store_true",
+                   help="also read every batch a cleaning would read and check its CRC (reads "
+                        "each partition's clean and dirty sections; default: headers only)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=run_describe)
 
@@ -28,14 +37,19 @@ def register(subparsers) -> None:
         "compact", help="clean compacted partitions now; prints Kafka's cleaner summary",
         description="Run the log cleaner now over eligible compacted partitions (or, with "
                     "--force, over every compacted partition with something to clean) and "
-                    "print Kafka's per-round summary. --dry-run only says what would be cleaned.")
+                    "print Kafka's per-round summary. A partition whose cleaning fails on a "
+                    "corrupt batch is reported and the others are still cleaned; the exit "
+                    "status is then 1. --dry-run changes nothing and says what the real run "
+                    "would do: clean, skip or fail (it reads every batch a cleaning would read "
+                    "and checks its CRC).")
     add_store_options(p)
     p.add_argument("--topic", default=None, help="only this topic")
     p.add_argument("--partition", type=int, default=None, help="only this partition (needs "
                    "--topic)")
     p.add_argument("--force", action="store_true",
                    help="clean even when the dirty ratio and compaction lag do not call for it")
-    p.add_argument("--dry-run", action="store_true", help="change nothing; print the plan")
+    p.add_argument("--dry-run", action="store_true",
+                   help="change nothing; say what would be cleaned, skipped or fail")
     p.add_argument("--now-ms", type=time_ms, default=None, metavar="MS",
                    help="the cleaning time: lags and tombstone horizons (default: now)")
     p.add_argument("--json", action="store_true", help="one JSON document")
@@ -84,8 +98,12 @@ _DESCRIBE_KEYS = ("first_dirty_offset", "clean_bytes", "cleanable_bytes", "dirty
                   "eligible", "reason", "uncleanable", "first_uncleanable_offset")
 
 
-def describe_partition(store, topic: str, partition: int, now_ms: int) -> dict:
-    """Everything ``segstore describe`` prints about one partition, as plain JSON types."""
+def describe_partition(store, topic: str, partition: int, now_ms: int,
+                       check_crc: bool = False) -> dict:
+    """Everything ``segstore describe`` prints about one partition, as plain JSON types.
+
+    A compacted partition's ``cleaner["would_fail"]`` names the damage a cleaning would stop at
+    (found in batch headers, or with ``check_crc`` in any batch a cleaning reads), else None."""
     lg = store.partition(topic, partition)
     cfg = store.topic_config(topic)
     out = {"topic": topic, "partition": partition, "cleanup_policy": list(cfg.cleanup_policy),
@@ -94,9 +112,17 @@ def describe_partition(store, topic: str, partition: int, now_ms: int) -> dict:
     if not cfg.compact:
         out["cleaner"] = None
         return out
-    d = store.cleaner_manager.describe(topic, partition, now_ms=now_ms)
-    out["cleaner"] = {k: _plain(d.get(k)) for k in _DESCRIBE_KEYS}
-    out["tombstones"] = tombstones_awaiting(lg, now_ms)
+    # force: a partition that is not due is still read, as its next cleaning would read it.
+    outcome = predict(store, topic, partition, now_ms, force=True, read_batches=check_crc)
+    d = outcome.details or {}
+    out["cleaner"] = {**{k: _plain(d.get(k)) for k in _DESCRIBE_KEYS},
+                      "would_fail": outcome.error_json()}
+    try:
+        out["tombstones"] = tombstones_awaiting(lg, now_ms)
+    except DAMAGE_ERRORS as e:
+        out["tombstones"] = None
+        if outcome.error is None:  # a tombstone batch the cleaner would decode is damaged
+            out["cleaner"]["would_fail"] = Outcome("fail", None, e).error_json()
     return out
 
 
@@ -117,24 +143,28 @@ def describe_text(info: dict, now_ms: int) -> list:
     if c is None:
         lines.append("  not compacted: cleanup.policy has no 'compact'")
         return lines
-    ratio, min_ratio = c["dirty_ratio"], c["min_cleanable_ratio"]
-    cmp = ">" if ratio is not None and min_ratio is not None and ratio > min_ratio else "<="
-    lines += [
-        f"  clean bytes {_n(c['clean_bytes'])}, dirty (cleanable) bytes "
-        f"{_n(c['cleanable_bytes'])}, "
-        f"dirty ratio {_fmt_ratio(ratio)} {cmp} min.cleanable.dirty.ratio {min_ratio}",
-        f"  first dirty offset {c['first_dirty_offset']}, first uncleanable offset "
-        f"{c['first_uncleanable_offset']}",
-        f"  compaction delay {_n(c['compaction_delay_ms'])} ms (max.compaction.lag.ms "
-        f"{c['max_compaction_lag_ms']})"]
+    if c["clean_bytes"] is not None:  # None: damage kept the numbers from being computed
+        ratio, min_ratio = c["dirty_ratio"], c["min_cleanable_ratio"]
+        cmp = ">" if ratio is not None and min_ratio is not None and ratio > min_ratio else "<="
+        lines += [
+            f"  clean bytes {_n(c['clean_bytes'])}, dirty (cleanable) bytes "
+            f"{_n(c['cleanable_bytes'])}, "
+            f"dirty ratio {_fmt_ratio(ratio)} {cmp} min.cleanable.dirty.ratio {min_ratio}",
+            f"  first dirty offset {c['first_dirty_offset']}, first uncleanable offset "
+            f"{c['first_uncleanable_offset']}",
+            f"  compaction delay {_n(c['compaction_delay_ms'])} ms (max.compaction.lag.ms "
+            f"{c['max_compaction_lag_ms']})"]
     t = info["tombstones"]
-    line = f"  tombstones awaiting their horizon {t['awaiting']}"
-    if t["earliest_horizon_ms"] is not None:
-        line += (f" (the first at {t['earliest_horizon_ms']}, in "
-                 f"{_n(t['earliest_horizon_ms'] - now_ms)} ms)")
-    line += f", past it (removed by the next cleaning) {t['removable']}"
-    lines.append(line)
-    if c["uncleanable"]:
+    if t is not None:
+        line = f"  tombstones awaiting their horizon {t['awaiting']}"
+        if t["earliest_horizon_ms"] is not None:
+            line += (f" (the first at {t['earliest_horizon_ms']}, in "
+                     f"{_n(t['earliest_horizon_ms'] - now_ms)} ms)")
+        line += f", past it (removed by the next cleaning) {t['removable']}"
+        lines.append(line)
+    if c["would_fail"] is not None:
+        lines.append(f"  UNCLEANABLE: a cleaning would fail: {c['would_fail']['message']}")
+    elif c["uncleanable"]:
         lines.append(f"  UNCLEANABLE: {c['reason']}")
     elif c["eligible"]:
         lines.append(f"  eligible: {c['reason']}")
@@ -148,52 +178,78 @@ def _fmt_ratio(r) -> str:
 
 
 def run_describe(args) -> int:
-    """``segstore describe``."""
+    """``segstore describe``: exit 1 when a cleaning of a described partition would fail."""
     if args.partition is not None and not args.topic:
         raise UsageError("--partition needs --topic")
     with open_store(args) as store:
         now = store.clock() if args.now_ms is None else args.now_ms
-        infos = [describe_partition(store, t, p, now)
+        infos = [describe_partition(store, t, p, now, args.check_crc)
                  for t, p in iter_partitions(store, args.topic, args.partition)]
     if args.json:
         print_json({"now_ms": now, "partitions": infos})
     else:
         for info in infos:
             print("\n".join(describe_text(info, now)))
-    return 0
+    return 1 if any(i["cleaner"] and i["cleaner"]["would_fail"] for i in infos) else 0
 
 
 # -- compact ----------------------------------------------------------------------------------
 
+class _CleanerFailures(logging.Filter):
+    """Drops the cleaner's own report of a failed cleaning (a traceback, and "uncleanable
+    until restart", which means the cleaner thread): ``compact`` reports it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "segstore.cleaner" and record.exc_info)
+
+
 def run_compact(args) -> int:
-    """``segstore compact``: clean now (per partition, so a terminal shows progress)."""
+    """``segstore compact``: clean now, partition by partition (so a terminal shows progress
+    and a damaged partition does not stop the others); exit 1 when a cleaning failed."""
+    from . import LOG_HANDLER
     if args.partition is not None and args.topic is None:
         raise UsageError("--partition needs --topic")
     if args.dry_run:
         return _compact_dry_run(args)
-    results = []
-    with open_store(args, writable=True) as store:
-        parts = _compacted_partitions(store, args)
-        with progress(args, len(parts), "compact", unit=" partitions") as bar:
-            for t, p in parts:
-                for stats in store.compact(topic=t, partition=p, force=args.force,
-                                           now_ms=args.now_ms):
-                    results.append((t, p, stats))
-                bar.advance(1, f"{t}-{p}")
+    results, failed = [], []
+    quiet = _CleanerFailures()
+    LOG_HANDLER.addFilter(quiet)
+    try:
+        with open_store(args, writable=True) as store:
+            parts = _compacted_partitions(store, args)
+            with progress(args, len(parts), "compact", unit=" partitions") as bar:
+                for t, p in parts:
+                    try:
+                        for stats in store.compact(topic=t, partition=p, force=args.force,
+                                                   now_ms=args.now_ms):
+                            results.append((t, p, stats))
+                    except DAMAGE_ERRORS as e:
+                        # Kafka's cleaner marks such a partition uncleanable and goes on.
+                        failed.append({"topic": t, "partition": p,
+                                       **Outcome("fail", None, e).error_json()})
+                    bar.advance(1, f"{t}-{p}")
+    finally:
+        LOG_HANDLER.removeFilter(quiet)
+    status = 1 if failed else 0
     if args.json:
         print_json({"cleaned": [{"topic": t, "partition": p, "summary": s.summary(),
-                                 "stats": s.as_dict()} for t, p, s in results]})
-        return 0
+                                 "stats": s.as_dict()} for t, p, s in results],
+                    "failed": failed})
+        return status
     for _, _, s in results:
         print(s.summary().rstrip("\n"))
         if s.map_full and s.wanted_buffer_bytes:
             print(f"\tThe offset map filled up: {_n(s.wanted_buffer_bytes)} bytes of dedupe buffer "
                   "per thread would have cleaned the whole dirty section in one round "
                   "(see 'segstore plan-cleaner').")
-    if not results:
+    if not results and not failed:
         print("nothing was cleaned: no compacted partition is due (see 'segstore describe', "
               "or use --force)")
-    return 0
+    sys.stdout.flush()  # the summaries first, then the failures (stderr is unbuffered)
+    for f in failed:
+        print(f"segstore compact: error: cleaning {f['topic']}-{f['partition']} failed: "
+              f"{f['message']}", file=sys.stderr)
+    return status
 
 
 def _compacted_partitions(store, args) -> list:
@@ -209,29 +265,38 @@ def _compacted_partitions(store, args) -> list:
 
 
 def _compact_dry_run(args) -> int:
+    """What ``compact`` would do, per partition, reading every batch a cleaning would read;
+    exit 1 when a cleaning would fail, as the real run does."""
     plan = []
     with open_store(args) as store:
         now = store.clock() if args.now_ms is None else args.now_ms
-        manager = store.cleaner_manager
-        for t, p in _compacted_partitions(store, args):
-            d = manager.describe(t, p, now_ms=now)
-            would = not d["uncleanable"] and (
-                d["eligible"] or (args.force and d["cleanable_bytes"] > 0))
-            plan.append({"topic": t, "partition": p, "would_clean": bool(would),
-                         **{k: _plain(d.get(k)) for k in _DESCRIBE_KEYS}})
+        parts = _compacted_partitions(store, args)
+        with progress(args, len(parts), "compact --dry-run", unit=" partitions") as bar:
+            for t, p in parts:
+                o = predict(store, t, p, now, force=args.force)
+                d = o.details or {}
+                plan.append({"topic": t, "partition": p, "would_clean": o.action == "clean",
+                             "would_fail": o.error_json(),
+                             **{k: _plain(d.get(k)) for k in _DESCRIBE_KEYS}})
+                bar.advance(1, f"{t}-{p}")
+    failing = sum(e["would_fail"] is not None for e in plan)
+    status = 1 if failing else 0
     if args.json:
         print_json({"dry_run": True, "now_ms": now, "partitions": plan})
-        return 0
+        return status
     for e in plan:
         name = f"{e['topic']}-{e['partition']}"
-        if e["would_clean"]:
-            why = e["reason"] if e["eligible"] else "--force"
+        if e["would_fail"] is not None:
+            print(f"would fail {name}: {e['would_fail']['message']}")
+        elif e["would_clean"]:
+            why = (e["reason"] if e["eligible"] else "--force" if args.force
+                   else "tombstones or markers past their delete horizon")
             print(f"would clean {name}: dirty section [{e['first_dirty_offset']}, "
                   f"{e['first_uncleanable_offset']}), {_n(e['cleanable_bytes'])} dirty bytes "
                   f"({why})")
         else:
             print(f"would skip {name}: {e['reason']}")
     cleaned = sum(e["would_clean"] for e in plan)
-    print(f"dry run: would clean {cleaned} of {len(plan)} compacted partitions; nothing changed")
-    return 0
-
+    print(f"dry run: would clean {cleaned} of {len(plan)} compacted partitions"
+          + (f", would fail on {failing}" if failing else "") + "; nothing changed")
+    return status

@@ -25,6 +25,7 @@ from ..columns import BinaryColumn
 from ..config import StoreConfig
 from ._common import (CommandError, UsageError, iter_partitions, non_empty, open_store,
                       parse_key_values, print_json, progress)
+from .clean_check import DAMAGE_ERRORS, Outcome, predict
 
 BYTES_PER_KEY = 24  # 16-byte MurmurHash3 x64-128 digest + 8-byte offset (REF §6.12)
 _READ_CHUNK = 65_536  # records per column read when counting keys
@@ -36,7 +37,9 @@ def register(subparsers) -> None:
         "plan-cleaner", help="size the dedupe buffer (24 bytes a key) from key counts",
         description="Size log.cleaner.dedupe.buffer.size: from --unique-keys and --partitions, "
                     "or from the distinct keys really in a store (--store). Prints the napkin "
-                    "math step by step.")
+                    "math step by step. With --store, a partition a cleaning would fail on (a "
+                    "corrupt batch, found as 'compact --dry-run' finds it) is named instead of "
+                    "counted, the others are planned, and the exit status is 1.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--unique-keys", type=_count, metavar="N",
                      help="distinct keys of the topic (spread evenly over its partitions)")
@@ -328,6 +331,9 @@ def count_keys(log, start: Optional[int] = None, bar=None) -> tuple:
 
 
 def _plan_from_store(args, threads, buffer_size, load_factor) -> int:
+    """The plan from counted keys. A partition a cleaning would fail on (a corrupt batch: the
+    same check as ``compact --dry-run``) is reported, not counted, and the others are still
+    planned; the exit status is then 1."""
     rows = []
     with open_store(args) as store:
         if args.topic:
@@ -340,31 +346,64 @@ def _plan_from_store(args, threads, buffer_size, load_factor) -> int:
         total = sum(store.partition(t, p).log_end_offset - store.partition(t, p).log_start_offset
                     for t, p in parts)
         ratios = {t: store.topic_config(t).min_cleanable_dirty_ratio for t in topics}
+        now = store.clock()
         with progress(args, total, "counting keys", unit=" offsets") as bar:
             for t, p in parts:
-                lg = store.partition(t, p)
-                # Where the next cleaning starts (the log start offset before the first one).
-                first_dirty = int(store.cleaner_manager.describe(t, p)["first_dirty_offset"])
-                records, keys, dirty = count_keys(lg, first_dirty, bar)
-                rows.append({"topic": t, "partition": p, "records": records, "keys": keys,
-                             "first_dirty_offset": first_dirty, "dirty_keys": dirty})
-    big = max(rows, key=lambda r: (r["keys"], r["dirty_keys"]))
+                rows.append(_count_partition(store, t, p, now, bar))
+    counted = [r for r in rows if r["would_fail"] is None]
+    status = 0 if len(counted) == len(rows) else 1
+    if not counted:
+        if args.json:
+            print_json({"partitions": rows})
+        else:
+            print("\n".join(_table(rows)))
+            print("No partition could be counted: no plan.")
+        return status
+    big = max(counted, key=lambda r: (r["keys"], r["dirty_keys"]))
     dirty_ratio = args.dirty_ratio if args.dirty_ratio is not None else ratios[big["topic"]]
     plan = plan_cleaner(big["keys"], threads=threads, buffer_size=buffer_size,
                         load_factor=load_factor, dirty_ratio=dirty_ratio,
-                        dirty_keys=max(r["dirty_keys"] for r in rows))
-    for r in rows:
+                        dirty_keys=max(r["dirty_keys"] for r in counted))
+    for r in counted:
         r["rounds"] = rounds_for(r["dirty_keys"], plan.keys_per_round)
     if args.json:
         print_json({"partitions": rows, **asdict(plan), "fits": plan.fits})
-        return 0
-    width = max(len(f"{r['topic']}-{r['partition']}") for r in rows)
-    header = [f"  {'partition':<{width}}  {'records':>12}  {'keys':>12}  {'dirty keys':>12}  "
-              f"{'rounds now':>10}"]
+        return status
+    print(plan_text(plan, header_lines=_table(rows) + [""], measured=True))
+    return status
+
+
+def _count_partition(store, topic: str, partition: int, now: int, bar) -> dict:
+    """One row of the table: the partition's counts, or the damage that keeps it from being
+    cleaned (or counted) in ``would_fail``."""
+    lg = store.partition(topic, partition)
+    row = {"topic": topic, "partition": partition, "records": None, "keys": None,
+           "first_dirty_offset": None, "dirty_keys": None, "rounds": None, "would_fail": None}
+    # force: what the next cleaning would meet, due or not.
+    outcome = predict(store, topic, partition, now, force=True)
+    if outcome.error is None:
+        # Where the next cleaning starts (the log start offset before the first one).
+        first_dirty = int(outcome.details["first_dirty_offset"])
+        try:
+            records, keys, dirty = count_keys(lg, first_dirty, bar)
+        except DAMAGE_ERRORS as e:  # in the active segment, which no cleaning reads
+            outcome = Outcome("fail", outcome.details, e)
+        else:
+            row.update(records=records, keys=keys, first_dirty_offset=first_dirty,
+                       dirty_keys=dirty)
+    row["would_fail"] = outcome.error_json()
+    return row
+
+
+def _table(rows: list) -> list:
+    width = max([len("partition")] + [len(f"{r['topic']}-{r['partition']}") for r in rows])
+    lines = [f"  {'partition':<{width}}  {'records':>12}  {'keys':>12}  {'dirty keys':>12}  "
+             f"{'rounds now':>10}"]
     for r in rows:
-        header.append(f"  {r['topic'] + '-' + str(r['partition']):<{width}}  "
-                      f"{_n(r['records']):>12}  {_n(r['keys']):>12}  {_n(r['dirty_keys']):>12}  "
-                      f"{r['rounds']:>10}")
-    header.append("")
-    print(plan_text(plan, header_lines=header, measured=True))
-    return 0
+        name = f"{r['topic']}-{r['partition']}"
+        if r["would_fail"] is not None:
+            lines.append(f"  {name:<{width}}  would fail: {r['would_fail']['message']}")
+        else:
+            lines.append(f"  {name:<{width}}  {_n(r['records']):>12}  {_n(r['keys']):>12}  "
+                         f"{_n(r['dirty_keys']):>12}  {r['rounds']:>10}")
+    return lines
