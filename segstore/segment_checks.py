@@ -105,6 +105,10 @@ def verify_segment(segment, size: int, next_base_offset: Optional[int] = None) -
         if bad >= 0:
             problems.append(Problem(index.path, bad * index.entry_size,
                                     "entry out of order (damage or zero padding)"))
+        elif next_base_offset is not None:  # only the active segment's index may be in flux
+            problem = _index_tail_problem(index)
+            if problem is not None:
+                problems.append(problem)
     try:  # whole version-0 entries, none below the base offset
         segment.txn_index.sanity_check()
     except CorruptIndexError as e:
@@ -118,6 +122,32 @@ def verify_segment(segment, size: int, next_base_offset: Optional[int] = None) -
             problems.append(Problem(segment.time_index.path, int(i) * 12,
                                     f"entry names offset {int(offs[i])} outside the segment"))
     return problems
+
+
+def _index_tail_problem(index) -> Optional[Problem]:
+    """What follows a sealed index's valid entries, if it is damage. Zeros are not: they are
+    preallocation or zero padding, where readers stop and which a writable open trims or
+    rebuilds. A partial entry or other bytes are (a reader ignores them; a writable open
+    rebuilds the index)."""
+    used = index.entries * index.entry_size
+    if index.file_size == used:
+        return None
+    try:
+        with open(index.path, "rb") as f:
+            f.seek(used)
+            tail = f.read()
+    except FileNotFoundError:  # replaced by a writer's swap meanwhile
+        return None
+    partial = len(tail) % index.entry_size
+    if partial:
+        return Problem(index.path, used + len(tail) - partial,
+                       f"the file ends inside an entry ({used + len(tail)} bytes is not a "
+                       f"multiple of {index.entry_size}); a writable open rebuilds the index")
+    if any(tail):
+        return Problem(index.path, used,
+                       f"the {len(tail)} bytes after the {index.entries} valid entries are "
+                       "not ordered entries (damage); a writable open rebuilds the index")
+    return None
 
 
 def _offset_index_problems(segment, b: np.ndarray, valid_end: int) -> list:

@@ -255,3 +255,74 @@ def test_undamaged_store_exits_0_everywhere(capsys, store):
     assert run(capsys, "plan-cleaner", "--store", store)[0] == 0
     backup = shutil.copytree(store, str(store) + "-copy")
     assert run(capsys, "compact", "--path", backup)[0] == 0
+
+
+# -- verify on damaged indexes ----------------------------------------------------------------
+
+def index_path(root, tp: str, base: int, suffix: str = ".index") -> str:
+    return os.path.join(str(root), tp, f"{base:020d}{suffix}")
+
+
+def sealed_index(tmp_path, suffix: str):
+    """A store whose t-0 has a sealed segment (base 0) with a trimmed index of whole entries;
+    (root, that index's path, its bytes, its entry size)."""
+    root = tmp_path / "store"
+    with segstore.open(str(root)) as st:
+        st.create_topic("t", 1, config={"segment.bytes": 2000, "index.interval.bytes": 1})
+        for i in range(40):
+            st.partition("t", 0).append_batch([b"v" * 30], keys=[b"k%d" % i],
+                                              timestamps_ms=TS + i)
+    path = index_path(root, "t-0", 0, suffix)
+    data = open(path, "rb").read()
+    entry = 8 if suffix == ".index" else 12
+    logs = [n for n in os.listdir(root / "t-0") if n.endswith(".log")]
+    assert data and len(data) % entry == 0 and len(logs) >= 2  # base 0 is sealed
+    return root, path, data, entry
+
+
+@pytest.mark.parametrize("suffix", [".index", ".timeindex"])
+@pytest.mark.parametrize("damage", ["truncated entry", "garbage"])
+def test_verify_reports_a_damaged_sealed_index_that_recovery_rebuilds(capsys, tmp_path, suffix,
+                                                                      damage):
+    root, path, data, entry = sealed_index(tmp_path, suffix)
+    whole = len(data) // entry
+    if damage == "truncated entry":
+        open(path, "wb").write(data[:-3])
+        expected = (f"t-0: {path} at position {(whole - 1) * entry}: the file ends inside an "
+                    f"entry ({len(data) - 3} bytes is not a multiple of {entry}); a writable "
+                    "open rebuilds the index")
+    else:
+        open(path, "wb").write(data + b"\xff" * (2 * entry))
+        expected = (f"t-0: {path} at position {len(data)}: the {2 * entry} bytes after the "
+                    f"{whole} valid entries are not ordered entries (damage); a writable open "
+                    "rebuilds the index")
+    before = file_bytes(root)
+    rc, out, _ = run(capsys, "verify", "--path", root)
+    assert file_bytes(root) == before
+    assert (rc, out.splitlines()[0]) == (1, expected)
+    rc, out, _ = run(capsys, "verify", "--path", root, "--json")
+    [problem] = json.loads(out)["partitions"][0]["problems"]
+    assert rc == 1 and problem["file"] == path
+    # As promised: recovery rebuilds it, and verify is then content.
+    assert run(capsys, "recover", "--path", root)[0] == 0
+    assert os.path.getsize(path) % entry == 0
+    rc, out, _ = run(capsys, "verify", "--path", root)
+    assert rc == 0 and out.endswith(": no problems found\n")
+
+
+@pytest.mark.parametrize("suffix", [".index", ".timeindex"])
+def test_verify_accepts_zero_padding_after_a_sealed_index(capsys, tmp_path, suffix):
+    # Preallocation's zeros: readers stop at them, a writable open trims or rebuilds the file.
+    root, path, data, entry = sealed_index(tmp_path, suffix)
+    open(path, "wb").write(data + b"\0" * (5 * entry))
+    rc, out, _ = run(capsys, "verify", "--path", root)
+    assert rc == 0 and out.endswith(": no problems found\n")
+
+
+def test_verify_beside_a_writer_ignores_the_preallocated_active_index(capsys, store):
+    with segstore.open(str(store)) as st:
+        st.partition("c", 0).append_batch([b"x"], keys=[b"k"], timestamps_ms=TS)
+        active = st.partition("c", 0).segments[-1]
+        assert os.path.getsize(active.offset_index.path) > 8  # preallocated, zero-filled
+        rc, out, _ = run(capsys, "verify", "--path", store)
+    assert rc == 0 and out.endswith("no problems found\n")
