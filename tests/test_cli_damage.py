@@ -326,3 +326,36 @@ def test_verify_beside_a_writer_ignores_the_preallocated_active_index(capsys, st
         assert os.path.getsize(active.offset_index.path) > 8  # preallocated, zero-filled
         rc, out, _ = run(capsys, "verify", "--path", store)
     assert rc == 0 and out.endswith("no problems found\n")
+
+
+# -- dump-log on a truncated index ------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix, entry", [(".index", 8), (".timeindex", 12)])
+@pytest.mark.parametrize("keep", [0, 1])  # whole entries left before the partial one
+def test_dump_log_reports_an_index_that_ends_inside_an_entry(capsys, tmp_path, suffix, entry,
+                                                             keep):
+    root, path, data, _ = sealed_index(tmp_path, suffix)
+    open(path, "wb").write(data[:keep * entry + 6])
+    size = keep * entry + 6
+    problem = (f"the file ends inside an entry: 6 bytes after the last whole {entry}-byte "
+               f"entry, at position {keep * entry}")
+    sanity = f"length {size} is not a multiple of {entry}"
+    for flags in ([], ["--index-sanity-check"], ["--verify-index-only"]):
+        # The sanity check names the length itself; an empty offset index is "empty" as in
+        # Kafka's tool, with the partial entry a problem.
+        by_sanity = flags == ["--index-sanity-check"] and (keep or suffix == ".timeindex")
+        rc, out, err = run(capsys, "dump-log", "--files", path, "--fail-on-error", *flags)
+        assert rc == 1, flags
+        if by_sanity:
+            assert f"{path} failed sanity check: {sanity}" in out.splitlines()
+        else:
+            assert f"Problems in {path}:\n  {problem}\n" in err, flags
+        rc, out, _ = run(capsys, "dump-log", "--files", path, "--json", *flags)
+        docs = [json.loads(line) for line in out.splitlines()]
+        assert rc == 0
+        if by_sanity:
+            assert {"type": "sanity_check", "file": path, "passed": False,
+                    "reason": sanity} in docs
+        else:
+            assert {"type": "problem", "kind": "error", "file": path,
+                    "message": problem} in docs, flags

@@ -9,8 +9,9 @@ files.
 
 Differences from Kafka, each deliberate: an offset-index entry is a mismatch only when the batch
 at its position does not hold its offset (Kafka's tool also flags an entry that names a non-last
-offset of its batch, which Kafka's own multi-batch appends write); corrupt data ends that file's
-dump with a message instead of a stack trace.
+offset of its batch, which Kafka's own multi-batch appends write); an index that ends inside an
+entry is a problem (Kafka's tool ignores the partial entry); corrupt data ends that file's dump
+with a message instead of a stack trace.
 
 This module is the command (flags, decoders, dispatch by file kind); the dumpers are in
 ``dump_log``, ``dump_index`` and ``dump_state``, what they share in ``dump_common``.

@@ -57,6 +57,8 @@ def dump_index(path: str, opts: DumpOptions, findings: Findings) -> None:
             print_json({"type": "empty_index", "file": path})
         else:
             print(f"{path} is empty.")
+        # Kafka's tool stops here; bytes that are no whole entry are still damage.
+        _partial_entry(path, data, 8, findings)
         return
     log_path = sibling(path, ".log")
     if opts.index_sanity:
@@ -64,6 +66,7 @@ def dump_index(path: str, opts: DumpOptions, findings: Findings) -> None:
                                      file_size(log_path) if os.path.exists(log_path) else None),
                        opts, findings)
         return
+    _partial_entry(path, data, 8, findings)
     log = _open_log(path, log_path, findings)
     try:
         for rel, position in entries:
@@ -81,6 +84,15 @@ def dump_index(path: str, opts: DumpOptions, findings: Findings) -> None:
     finally:
         if log is not None:
             log.close()
+
+
+def _partial_entry(path: str, data: bytes, size: int, findings: Findings) -> None:
+    """A problem when the file ends inside an entry (a torn write or a truncated file)."""
+    extra = len(data) % size
+    if extra:
+        findings.add(findings.problems, path,
+                     f"the file ends inside an entry: {extra} bytes after the last whole "
+                     f"{size}-byte entry, at position {len(data) - extra}")
 
 
 def _open_log(path: str, log_path: str, findings: Findings) -> Optional[MappedFile]:
@@ -125,6 +137,7 @@ def dump_time_index(path: str, opts: DumpOptions, findings: Findings) -> None:
     if opts.index_sanity:
         _report_sanity(path, _sanity(data, entries, True, None), opts, findings)
         return
+    _partial_entry(path, data, 12, findings)
     log_path = sibling(path, ".log")
     log = _open_log(path, log_path, findings)
     index_path = sibling(path, ".index")
