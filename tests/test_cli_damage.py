@@ -359,3 +359,17 @@ def test_dump_log_reports_an_index_that_ends_inside_an_entry(capsys, tmp_path, s
         else:
             assert {"type": "problem", "kind": "error", "file": path,
                     "message": problem} in docs, flags
+
+
+def test_compact_dry_run_says_when_the_real_run_would_recover_first(capsys, store):
+    rc, out, _ = run(capsys, "compact", "--path", store, "--dry-run", "--json")
+    assert rc == 0 and json.loads(out)["clean_shutdown"] is True
+    rc, out, _ = run(capsys, "compact", "--path", store, "--dry-run")
+    assert "note:" not in out
+    os.unlink(store / ".kafka_cleanshutdown")  # as after a crash
+    rc, out, _ = run(capsys, "compact", "--path", store, "--dry-run", "--json")
+    assert rc == 0 and json.loads(out)["clean_shutdown"] is False
+    rc, out, _ = run(capsys, "compact", "--path", store, "--dry-run")
+    assert out.startswith("note: the store was not shut down cleanly (or its writer is "
+                          "running): the real run first recovers each partition")
+    assert not os.path.exists(store / ".kafka_cleanshutdown")  # the dry run changed nothing

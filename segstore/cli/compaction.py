@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from .. import _core
+from ..checkpoint import CLEAN_SHUTDOWN_FILE
 from ._common import (CommandError, UsageError, add_store_options, iter_partitions, open_store,
                       print_json, progress, time_ms)
 from .clean_check import DAMAGE_ERRORS, Outcome, predict
@@ -281,9 +283,16 @@ def _compact_dry_run(args) -> int:
                 bar.advance(1, f"{t}-{p}")
     failing = sum(e["would_fail"] is not None for e in plan)
     status = 1 if failing else 0
+    # Without the marker the real run's writable open first runs crash recovery, which this
+    # read-only look does not: it may truncate damage named here (above a recovery point).
+    clean = os.path.exists(os.path.join(args.path, CLEAN_SHUTDOWN_FILE))
     if args.json:
-        print_json({"dry_run": True, "now_ms": now, "partitions": plan})
+        print_json({"dry_run": True, "now_ms": now, "clean_shutdown": clean, "partitions": plan})
         return status
+    if not clean:
+        print("note: the store was not shut down cleanly (or its writer is running): the real "
+              "run first recovers each partition above its recovery point, as 'segstore "
+              "recover' does, which this dry run does not foresee")
     for e in plan:
         name = f"{e['topic']}-{e['partition']}"
         if e["would_fail"] is not None:
