@@ -373,3 +373,30 @@ def test_compact_dry_run_says_when_the_real_run_would_recover_first(capsys, stor
     assert out.startswith("note: the store was not shut down cleanly (or its writer is "
                           "running): the real run first recovers each partition")
     assert not os.path.exists(store / ".kafka_cleanshutdown")  # the dry run changed nothing
+
+
+# -- verify on directories named like partitions ----------------------------------------------
+
+@pytest.mark.parametrize("name, why", [
+    ("c-2", "topic 'c' has 2 partitions, numbered from 0"),
+    ("c-01", "'01' is not how a partition number is written"),
+    ("bad topic-0", "'bad topic' is not a legal topic name"),
+])
+def test_verify_names_a_directory_whose_data_no_command_reads(capsys, store, name, why):
+    d = store / name
+    d.mkdir()
+    shutil.copy(seg(store, "c-0", 0), d / "00000000000000000000.log")
+    (store / "notes").mkdir()  # not named like a partition: not the store's business
+    (store / "c-1.0123456789abcdef0123456789abcdef-delete").mkdir()  # Kafka's, being deleted
+    before = file_bytes(store)
+    rc, out, _ = run(capsys, "verify", "--path", store)
+    assert file_bytes(store) == before
+    assert rc == 1
+    lines = out.splitlines()
+    assert lines[0] == f"{d}: named like a partition directory, but {why}: its files are not read"
+    assert lines[1].startswith("verified 3 partitions (17 segments, ")  # c-0, c-1, t-0 only
+    assert lines[1].endswith("): 1 problem found") and len(lines) == 2
+    rc, out, _ = run(capsys, "verify", "--path", store, "--json")
+    doc = json.loads(out)
+    assert rc == 1 and doc["problems"] == 1
+    assert [s["file"] for s in doc["stray_directories"]] == [str(d)]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 
 from ..checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
+from ..topic import is_legal_topic_name
 from ._common import (CommandError, add_store_options, check_store_dir, iter_partitions,
                       open_store, print_json, progress, time_ms)
 
@@ -76,14 +78,17 @@ def run_verify(args) -> int:
                 results.append({"topic": t, "partition": p, "segments": segments,
                                 "bytes": size, "problems": problems})
                 bar.advance(size, f"{t}-{p}")
-    count = sum(len(r["problems"]) for r in results)
+        strays = stray_partition_dirs(store)
+    count = sum(len(r["problems"]) for r in results) + len(strays)
     if args.json:
-        print_json({"partitions": results, "problems": count})
+        print_json({"partitions": results, "stray_directories": strays, "problems": count})
     else:
         for r in results:
             for pr in r["problems"]:
                 print(f"{r['topic']}-{r['partition']}: {pr['file']} at position "
                       f"{pr['position']}: {pr['message']}")
+        for pr in strays:
+            print(f"{pr['file']}: {pr['message']}")
         segs = sum(r["segments"] for r in results)
         size = sum(r["bytes"] for r in results)
         verdict = "no problems found" if not count else \
@@ -91,6 +96,38 @@ def run_verify(args) -> int:
         print(f"verified {len(results)} partition{'s' if len(results) != 1 else ''} "
               f"({segs} segments, {size} bytes): {verdict}")
     return 1 if count else 0
+
+
+_PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
+
+
+def stray_partition_dirs(store) -> list:
+    """Directories of the store's root named like a partition (``<topic>-<n>``) that are no
+    partition of the store (a partition past the topic's count, ``t-01``...): segstore reads
+    none of their files, so their data is invisible to every command."""
+    out = []
+    for name in sorted(os.listdir(store.path)):
+        m = _PARTITION_DIR.fullmatch(name)
+        path = os.path.join(store.path, name)
+        if not m or not os.path.isdir(path):
+            continue
+        topic, number = m.group(1), m.group(2)
+        if topic in store.list_topics() and number == str(int(number)) and \
+                int(number) in store.partitions_for(topic):
+            continue
+        if not is_legal_topic_name(topic):
+            why = f"{topic!r} is not a legal topic name"
+        elif topic not in store.list_topics():
+            why = f"no topic {topic!r} in this store"
+        elif number != str(int(number)):
+            why = f"{number!r} is not how a partition number is written"
+        else:
+            why = (f"topic {topic!r} has {len(store.partitions_for(topic))} partitions, "
+                   f"numbered from 0")
+        out.append({"file": path, "position": -1,
+                    "message": f"named like a partition directory, but {why}: its files are "
+                               "not read"})
+    return out
 
 
 # -- recover ----------------------------------------------------------------------------------
