@@ -115,8 +115,12 @@ class LogStore:
         try:
             return OffsetCheckpointFile(os.path.join(self.path, name)).read()
         except CheckpointError as e:
-            log.warning("ignoring %s%s", e, "" if self.readonly else
-                        " (recovering from the start instead)")
+            # What ignoring the file costs: a recovery from each log's start, or log start
+            # offsets back at each log's first segment (a DeleteRecords above it is forgotten).
+            instead = ("" if self.readonly else " (recovering every log from its start instead)"
+                       if name == RECOVERY_POINT_CHECKPOINT
+                       else " (each log starts at its first segment instead)")
+            log.warning("ignoring %s%s", e, instead)
             return {}
 
     def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None) -> None:
