@@ -49,6 +49,11 @@ _PARTITION_DIR = re.compile(r"(.+)-(\d+)")
 RETENTION_INITIAL_DELAY_MS = 30_000
 
 
+def _hosted(meta: dict):
+    """The partition numbers a topic has in this store (see ``_load``)."""
+    return range(meta["partitions"]) if meta["hosted"] is None else meta["hosted"]
+
+
 def _system_clock() -> int:
     return int(time.time() * 1000)
 
@@ -132,20 +137,26 @@ class LogStore:
                 cfg = TopicConfig.from_dict(meta["config"], defaults=defaults)
             except InvalidConfigError as e:
                 raise InvalidConfigError(f"{path}: {e}") from None
-            self._topics[meta["name"]] = {"partitions": meta["partitions"], "config": cfg}
-        # Partition directories without metadata: a Kafka broker's log dir.
-        found: dict[str, int] = {}
+            self._topics[meta["name"]] = {"partitions": meta["partitions"], "config": cfg,
+                                          "hosted": meta["hosted"]}
+        # Partition directories without metadata: a Kafka broker's log dir. A broker holds only
+        # the partitions it hosts, so only those are opened (an open never adds a directory
+        # to a broker's log dir); the partition count is one more than the highest found.
+        found: dict[str, set] = {}
         for name in os.listdir(self.path):
             m = _PARTITION_DIR.fullmatch(name)
             if (m and os.path.isdir(os.path.join(self.path, name))
-                    and is_legal_topic_name(m.group(1))):
-                found[m.group(1)] = max(found.get(m.group(1), 0), int(m.group(2)) + 1)
-        for topic, n in found.items():
+                    and is_legal_topic_name(m.group(1)) and m.group(2) == str(int(m.group(2)))):
+                found.setdefault(m.group(1), set()).add(int(m.group(2)))
+        for topic, numbers in found.items():
             if topic not in self._topics:
+                n = max(numbers) + 1
                 self._topics[topic] = {"partitions": n,
-                                       "config": TopicConfig.from_dict({}, defaults=defaults)}
+                                       "config": TopicConfig.from_dict({}, defaults=defaults),
+                                       "hosted": (None if len(numbers) == n
+                                                  else tuple(sorted(numbers)))}
         for topic, meta in self._topics.items():
-            for p in range(meta["partitions"]):
+            for p in _hosted(meta):
                 tp = TopicPartition(topic, p)
                 if reuse and tp in reuse:
                     self._logs[tp] = reuse[tp]
@@ -189,7 +200,7 @@ class LogStore:
             if name in self._topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             write_topic_meta(self.path, name, num_partitions, cfg)
-            self._topics[name] = {"partitions": num_partitions, "config": cfg}
+            self._topics[name] = {"partitions": num_partitions, "config": cfg, "hosted": None}
             created = []
             try:
                 for p in range(num_partitions):
@@ -229,7 +240,7 @@ class LogStore:
         self._check_writable()
         with self._lock:
             meta = self._topic(name)
-            for p in range(meta["partitions"]):
+            for p in _hosted(meta):
                 tp = TopicPartition(name, p)
                 if not self.readonly:  # stop a round in progress before the files go
                     self.cleaner.manager.abort_and_pause_cleaning(tp)
@@ -282,7 +293,7 @@ class LogStore:
         """Partition count, config overrides and per-partition offsets and sizes."""
         meta = self._topic(name)
         parts = []
-        for p in range(meta["partitions"]):
+        for p in _hosted(meta):
             lg = self.partition(name, p)
             parts.append({"partition": p, "log_start_offset": lg.log_start_offset,
                           "log_end_offset": lg.log_end_offset, "segments": len(lg.segments),
@@ -303,9 +314,9 @@ class LogStore:
                 raise InvalidConfigError(f"delete must be a list of config keys, not "
                                          f"{delete!r}")
             cfg = meta["config"].with_updates(set or {}, tuple(delete))
-            write_topic_meta(self.path, name, meta["partitions"], cfg)
+            write_topic_meta(self.path, name, meta["partitions"], cfg, hosted=meta["hosted"])
             meta["config"] = cfg
-            for p in range(meta["partitions"]):
+            for p in _hosted(meta):
                 self._logs[TopicPartition(name, p)].config = cfg
             return cfg
 
@@ -316,11 +327,21 @@ class LogStore:
         if not 0 <= partition < meta["partitions"]:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition} (it has {meta['partitions']})")
+        if partition not in _hosted(meta):
+            raise UnknownTopicOrPartitionError(
+                f"partition {topic}-{partition} is not in {self.path}: a Kafka broker's log dir "
+                f"holds only the partitions it hosts ({list(_hosted(meta))})")
         return self._logs[TopicPartition(topic, partition)]
 
     def partitions_for(self, topic: str) -> list[int]:
-        """Partition numbers of a topic."""
-        return list(range(self._topic(topic)["partitions"]))
+        """Partition numbers of a topic in this store: all of them, except in a Kafka broker's
+        log dir, which holds only the partitions it hosts."""
+        return list(_hosted(self._topic(topic)))
+
+    def num_partitions(self, topic: str) -> int:
+        """A topic's partition count, the one its partitioner uses (for a topic found in a Kafka
+        broker's log dir: one more than its highest partition there)."""
+        return self._topic(topic)["partitions"]
 
     # -- records ----------------------------------------------------------------------------
     def partition_for(self, topic: str, key=None) -> int:
@@ -480,7 +501,7 @@ class LogStore:
                 raise InvalidTopicError(
                     f"topic {topic!r} has cleanup.policy={','.join(cfg.cleanup_policy)}; only "
                     f"topics with 'compact' can be compacted")
-            parts = [partition] if partition is not None else range(self._topic(topic)["partitions"])
+            parts = [partition] if partition is not None else _hosted(self._topic(topic))
             tps = [TopicPartition(topic, p) for p in parts]
             for tp in tps:
                 if tp not in self._logs:

@@ -68,16 +68,20 @@ def _meta_path(root: str, topic: str) -> str:
     return os.path.join(topic_meta_dir(root), topic + ".json")
 
 
-def write_topic_meta(root: str, name: str, partitions: int, cfg) -> None:
-    """Write a topic's metadata atomically (``cfg`` is its TopicConfig: only the overrides)."""
+def write_topic_meta(root: str, name: str, partitions: int, cfg, hosted=None) -> None:
+    """Write a topic's metadata atomically (``cfg`` is its TopicConfig: only the overrides).
+    ``hosted``: the partition numbers present, for a topic of a Kafka broker's log dir that
+    holds only some of them (None: all ``partitions``)."""
     meta = {"name": name, "partitions": partitions,
             "config": {k: v if not isinstance(v, (list, tuple)) else ",".join(v)
                        for k, v in cfg.overrides.items()}}
+    if hosted is not None:
+        meta["hosted"] = sorted(hosted)
     write_atomic(_meta_path(root, name), json.dumps(meta, indent=1, sort_keys=True))
 
 
 def read_topic_metas(root: str) -> Iterator[tuple[str, dict]]:
-    """Every topic's metadata file as ``(path, {"name", "partitions", "config"})``, by file
+    """Every topic's metadata file as ``(path, {"name", "partitions", "config", "hosted"})``, by file
     name order; CorruptMetadataError naming the file when one cannot be read."""
     meta_dir = topic_meta_dir(root)
     if not os.path.isdir(meta_dir):
@@ -113,6 +117,14 @@ def _read_meta(path: str) -> dict:
     config = meta.setdefault("config", {})
     if not isinstance(config, dict):
         raise corrupt(f"'config' is {json.dumps(config)}, not a JSON object")
+    hosted = meta.setdefault("hosted", None)
+    if hosted is not None:
+        if (not isinstance(hosted, list) or not hosted
+                or any(not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < partitions
+                       for p in hosted) or len(set(hosted)) != len(hosted)):
+            raise corrupt(f"'hosted' is {json.dumps(hosted)}, not a list of distinct partition "
+                          f"numbers below {partitions}")
+        meta["hosted"] = tuple(sorted(hosted))
     return meta
 
 

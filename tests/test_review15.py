@@ -33,3 +33,66 @@ def test_a_garbage_checkpoint_warning_says_what_ignoring_it_costs(tmp_path, capl
     ls = [m for m in msgs if "log-start-offset-checkpoint" in m]
     assert rp and rp[0].endswith("(recovering every log from its start instead)"), msgs
     assert ls and ls[0].endswith("(each log starts at its first segment instead)"), msgs
+
+
+def _broker_log_dir(root: str) -> None:
+    """A Kafka broker's log dir holding partitions 0 and 2 of ``orders`` (not 1, which another
+    broker hosts) and no segstore metadata."""
+    import shutil
+    with segstore.open(root, clock=FakeClock(1_000)) as store:
+        store.create_topic("orders", 3)
+        for p in range(3):
+            store.partition("orders", p).append_batch([b"o%d-%d" % (p, i) for i in range(5)],
+                                                      keys=[b"k%d" % i for i in range(5)])
+    shutil.rmtree(os.path.join(root, ".segstore"))
+    shutil.rmtree(os.path.join(root, "orders-1"))
+
+
+def test_a_broker_log_dir_opens_only_the_partitions_it_hosts(tmp_path):
+    """A store over a Kafka broker's log dir opens the partitions there and never adds a
+    directory for one it does not host (an open, a config change, retention, compaction and
+    close made ``orders-1/`` in the broker's directory)."""
+    import pytest
+    from segstore.errors import UnknownTopicOrPartitionError
+    root = str(tmp_path / "kafka-logs")
+    _broker_log_dir(root)
+    for readonly in (True, False, True):
+        with segstore.open(root, clock=FakeClock(1_000), readonly=readonly) as store:
+            assert store.list_topics() == ["orders"]
+            assert store.partitions_for("orders") == [0, 2]
+            assert store.num_partitions("orders") == 3
+            for p in (0, 2):
+                assert [r.value for r in store.partition("orders", p).read(0)] == \
+                    [b"o%d-%d" % (p, i) for i in range(5)]
+            with pytest.raises(UnknownTopicOrPartitionError, match=r"orders-1 .*\[0, 2\]"):
+                store.partition("orders", 1)
+            info = store.describe_topic("orders")
+            assert [x["partition"] for x in info["partition_info"]] == [0, 2]
+            if not readonly:
+                store.alter_topic_config("orders", {"cleanup.policy": "compact,delete"})
+                store.enforce_retention(now_ms=10_000_000)
+                store.compact("orders", force=True)
+                with pytest.raises(UnknownTopicOrPartitionError):
+                    store.compact("orders", partition=1)
+        assert not os.path.exists(os.path.join(root, "orders-1"))
+    # the config change persisted, and with it which partitions the directory holds
+    with segstore.open(root, clock=FakeClock(1_000)) as store:
+        assert store.topic_config("orders").cleanup_policy == ("compact", "delete")
+        assert store.partitions_for("orders") == [0, 2]
+    assert not os.path.exists(os.path.join(root, "orders-1"))
+
+
+def test_a_metadata_files_hosted_list_is_checked(tmp_path):
+    import json
+    import pytest
+    from segstore.errors import CorruptMetadataError
+    root = str(tmp_path / "s")
+    with segstore.open(root) as store:
+        store.create_topic("t", 2)
+    path = os.path.join(root, ".segstore", "topics", "t.json")
+    meta = json.load(open(path))
+    for bad in ([], [0, 0], [2], [True], "0", [-1]):
+        with open(path, "w") as f:
+            json.dump({**meta, "hosted": bad}, f)
+        with pytest.raises(CorruptMetadataError, match="'hosted'"):
+            segstore.open(root, readonly=True)

@@ -1197,13 +1197,17 @@ def test_kafka_log_dir_with_several_topics(tmp_path, clock):
     eo = _write_kafka_dir(root, "a-1", 0, _kafka_records(1, 2))  # a dash in the topic name
     with segstore.open(root, clock=clock) as s:
         assert s.list_topics() == ["a-1", "pay.ments_v1"]
-        assert s.partitions_for("pay.ments_v1") == [0, 1, 2]
+        # a broker's log dir holds only the partitions it hosts: 1 is elsewhere
+        assert s.partitions_for("pay.ments_v1") == [0, 2]
+        assert s.num_partitions("pay.ments_v1") == 3
         assert [r.offset for r in s.partition("pay.ments_v1", 0).iter_records()] == \
             [e[0] for e in e0]
         assert [r.value for r in s.partition("pay.ments_v1", 2).iter_records()] == \
             [e[3] for e in e2]
         assert s.partition("pay.ments_v1", 2).log_start_offset == 100
-        assert s.partition("pay.ments_v1", 1).log_end_offset == 0
+        with pytest.raises(UnknownTopicOrPartitionError, match="only the partitions it hosts"):
+            s.partition("pay.ments_v1", 1)
+        assert not os.path.exists(os.path.join(root, "pay.ments_v1-1"))
         assert [r.value for r in s.partition("a-1", 0).iter_records()] == [e[3] for e in eo]
 
 

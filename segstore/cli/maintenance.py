@@ -122,8 +122,10 @@ def stray_partition_dirs(store) -> list:
         elif number != str(int(number)):
             why = f"{number!r} is not how a partition number is written"
         else:
-            why = (f"topic {topic!r} has {len(store.partitions_for(topic))} partitions, "
-                   f"numbered from 0")
+            have = store.partitions_for(topic)
+            why = (f"topic {topic!r} has {len(have)} partitions, numbered from 0"
+                   if have == list(range(len(have))) else
+                   f"topic {topic!r} has only partitions {have} here")
         out.append({"file": path, "position": -1,
                     "message": f"named like a partition directory, but {why}: its files are "
                                "not read"})

@@ -57,7 +57,7 @@ def topic_info(store, topic: str) -> TopicInfo:
     codec = 0 if ct in ("producer", "uncompressed") else ct
     from ..compression import codec_id
 
-    return TopicInfo(partitions=len(store.partitions_for(topic)),
+    return TopicInfo(partitions=store.num_partitions(topic),
                      max_batch_bytes=min(cfg.max_message_bytes, cfg.segment_bytes),
                      max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec),
                      compact=cfg.compact, level=cfg.compression_level(codec_id(codec)))

@@ -63,11 +63,12 @@ def select_partitions(store, opts: ReadOptions) -> list:
             if t not in topics:
                 raise UnknownTopicOrPartitionError(
                     f"option 'assign' names topic {t!r}, which does not exist in {store.path}")
-            n = len(store.partitions_for(t))
-            bad = [p for p in parts if p >= n]
+            have = store.partitions_for(t)
+            bad = [p for p in parts if p not in have]
             if bad:
                 raise UnknownTopicOrPartitionError(
-                    f"option 'assign' names partitions {bad} of topic {t!r}, which has {n}")
+                    f"option 'assign' names partitions {bad} of topic {t!r}, which has "
+                    + (f"{len(have)}" if have == list(range(len(have))) else f"only {have}"))
             out.extend(TopicPartition(t, p) for p in parts)
     return sorted(set(out))
 

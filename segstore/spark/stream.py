@@ -148,7 +148,8 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with stores.readonly(self.opts.path) as store:
             known = set(store.list_topics())
             for tp, e in sorted(stop.items()):
-                if tp.topic not in known or tp.partition >= len(store.partitions_for(tp.topic)):
+                if (tp.topic not in known
+                        or tp.partition not in store.partitions_for(tp.topic)):
                     if fail:
                         raise data_loss(f"{tp.topic}-{tp.partition} no longer exists")
                     continue
