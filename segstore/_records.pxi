@@ -143,7 +143,13 @@ cdef int _decode_region_records(list out, const Region* reg, const BatchHeader* 
             _raise_status(ST_OFFSET_DELTA, reg.position, file)
         prev = r.offset_delta
         offset = h.base_offset + r.offset_delta
-        if offset < lo or offset >= hi or room <= 0:
+        if offset >= hi or room <= 0:
+            # Offsets only grow: nothing further is wanted, so the rest is neither parsed nor
+            # checked (a read of one record from a large batch paid for parsing all of it),
+            # as a consumer that stops iterating never reads the rest. A later read that wants
+            # them checks them then.
+            return 0
+        if offset < lo:
             continue
         room -= 1
         ts = h.max_timestamp if log_append else h.base_timestamp + r.timestamp_delta

@@ -96,3 +96,29 @@ def test_a_metadata_files_hosted_list_is_checked(tmp_path):
             json.dump({**meta, "hosted": bad}, f)
         with pytest.raises(CorruptMetadataError, match="'hosted'"):
             segstore.open(root, readonly=True)
+
+
+def test_a_decode_stops_at_the_records_it_wants(tmp_path):
+    """decode_records parses a batch's records only as far as the last one it returns, as a
+    consumer that stops iterating does (a one-record read of a 1,000-record batch parsed all
+    1,000); what it never reaches it never checks, and a decode that reaches it raises."""
+    import struct
+    import pytest
+    from conftest import fix_crc
+    from segstore import _core
+    from segstore.errors import CorruptRecordError
+    batch = bytearray(_core.encode_batch([b"a", b"b", b"c"], keys=[b"1", b"2", b"3"],
+                                         timestamps_ms=[5, 6, 7]))
+    batch += b"\x00\x07"  # bytes after the last record: a CRC-valid batch that is malformed
+    struct.pack_into(">i", batch, 8, len(batch) - 12)
+    fix_crc(batch)
+    data = bytes(batch)
+    assert [r.value for r in _core.decode_records(data, max_records=2)] == [b"a", b"b"]
+    assert [r.value for r in _core.decode_records(data, end_offset=1)] == [b"a"]
+    for wanting_the_end in ({}, {"max_records": 3}, {"min_offset": 2}):
+        with pytest.raises(CorruptRecordError, match="position 0"):
+            _core.decode_records(data, **wanting_the_end)
+    # The column decoders size their arrays by counting whole batches first, so they check
+    # every batch they reach in full.
+    with pytest.raises(CorruptRecordError, match="position 0"):
+        _core.decode_columns(data, max_records=2)
