@@ -103,7 +103,8 @@ def decode_records(
     v2 and legacy v0/v1 batches (compressed or not) are decoded; control batches are skipped
     unless ``include_control``. A torn trailing batch is ignored; anything corrupt raises, but
     batches are checked in order, only as far as the records wanted reach: with ``max_records``
-    damage after the batch holding the last record returned does not fail the decode.
+    damage after the batch holding the last record returned does not fail the decode. Within a
+    batch (after its CRC), records are parsed only up to the last one returned.
     """
 
 def decode_columns(
