@@ -388,7 +388,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
                 incoming = int(ends[j - 1] - start_byte) if j > i else int(batches["size"][i])
                 if j == i or seg.should_roll(incoming, int(group["max_timestamp"].max()),
                                              int(group["last_offset"][-1]),
-                                             self._max_segment_ms(), now):
+                                             self._max_segment_ms(), now,
+                                             self.config.segment_bytes):
                     self._roll_locked(int(batches["base_offset"][i]))
                     continue
                 chunk = memoryview(buf)[start_byte:start_byte + incoming]
@@ -422,7 +423,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
                 or seg.size + size > self.config.segment_bytes
                 or last - seg.base_offset > MAX_RELATIVE_OFFSET
                 or min(oi.max_entries - oi.entries, ti.max_entries - 1 - ti.entries) < 1
-                or seg.should_roll(size, max_ts, last, self._max_segment_ms(), now)):
+                or seg.should_roll(size, max_ts, last, self._max_segment_ms(), now,
+                                   self.config.segment_bytes)):
             return None
         self._validate_producers(buf, batches, origin)
         seg.append(buf, batches)

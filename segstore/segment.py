@@ -347,9 +347,16 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
 
     # -- rolling ----------------------------------------------------------------------------
     def should_roll(self, incoming_bytes: int, incoming_max_ts: int, incoming_last_offset: int,
-                    max_segment_ms: int, now: int) -> bool:
-        """Kafka's roll conditions (REF §3.3), evaluated before an append."""
-        if self.size > self.config.segment_bytes - incoming_bytes:
+                    max_segment_ms: int, now: int,
+                    max_segment_bytes: Optional[int] = None) -> bool:
+        """Kafka's roll conditions (REF §3.3), evaluated before an append.
+
+        ``max_segment_ms`` and ``max_segment_bytes`` are the log's current limits (a topic
+        config altered since the segment was made applies to it); ``max_segment_bytes``
+        defaults to the segment.bytes the segment was made with."""
+        if max_segment_bytes is None:
+            max_segment_bytes = self.config.segment_bytes
+        if self.size > max_segment_bytes - incoming_bytes:
             return True
         if self.size > 0:
             if self.rolling_based_timestamp is None:
