@@ -56,6 +56,10 @@ RETENTION_MS_VALUES = [-1, 0, 2_000, 30_000, 600_000]
 RETENTION_BYTES_VALUES = [-1, 0, 600, 1500, 4000]
 POLICIES = ["delete", "delete", "compact", "compact,delete", ""]
 DELAYS = [0, 1_000, 60_000]
+LONG_MAX = 2**63 - 1
+SEGMENT_SUFFIXES = (".log", ".index", ".timeindex", ".txnindex", ".snapshot")
+FLUSH_MESSAGES = [LONG_MAX, LONG_MAX, 1, 6]
+FLUSH_MS = [LONG_MAX, LONG_MAX, 0, 5_000]
 
 
 # -- the oracle -------------------------------------------------------------------------------
@@ -93,6 +97,7 @@ class MPart:
     start: int = 0
     leo: int = 0
     rp: int = 0                      # recovery point
+    last_flush: int = 0              # when the recovery point last moved (flush.ms counts from it)
     ckpt_start: int = 0              # what the log-start checkpoint file holds (0: no entry)
     ckpt_rp: int = 0                 # what the recovery-point checkpoint file holds
     pending: list = field(default_factory=list)   # (due ms, base) of .deleted segments
@@ -171,7 +176,7 @@ class RetentionModel(RuleBasedStateMachine):
         self.cfg = {"segment.bytes": seg_bytes, "segment.ms": seg_ms, "retention.ms": rms,
                     "retention.bytes": rbytes, "file.delete.delay.ms": delay,
                     "index.interval.bytes": interval, "segment.index.bytes": 4096,
-                    "policy": "delete"}
+                    "flush.messages": LONG_MAX, "flush.ms": LONG_MAX, "policy": "delete"}
         self.store = segstore.open(self.root, clock=self.clock)
         self.store.create_topic(TOPIC, PARTITIONS, config=self.topic_config())
         self.parts = [MPart(segs=[MSeg(0)]) for _ in range(PARTITIONS)]
@@ -185,6 +190,8 @@ class RetentionModel(RuleBasedStateMachine):
 
     def opened(self):
         self.last_ckpt = self.clock.now
+        for m in self.parts:
+            m.last_flush = self.clock.now
         self.next_retention = self.clock.now + min(RETENTION_FIRST, RETENTION_INTERVAL)
 
     def open_ro(self):
@@ -200,6 +207,18 @@ class RetentionModel(RuleBasedStateMachine):
 
     def path(self, p, root=None):
         return os.path.join(root or self.root, f"{TOPIC}-{p}")
+
+    def flushed(self, m, offset):
+        """REF §3.4: a flush up to ``offset`` moves the recovery point (only forward)."""
+        if offset > m.rp:
+            m.rp = min(offset, m.leo)
+            m.last_flush = self.clock.now
+
+    def maybe_flush(self, m):
+        """The flush policy after an append and in tick(): flush.messages, flush.ms."""
+        if (m.leo - m.rp >= self.cfg["flush.messages"]
+                or self.clock.now - m.last_flush >= self.cfg["flush.ms"]):
+            self.flushed(m, m.leo)
 
     # -- writes -----------------------------------------------------------------------------
     @rule(p=st.integers(0, PARTITIONS - 1), n=st.integers(1, 4), size=st.integers(0, 50),
@@ -239,10 +258,11 @@ class RetentionModel(RuleBasedStateMachine):
                                      and active.roll_base_ts)
         if rolled:
             m.segs.append(MSeg(m.leo))
-            m.rp = max(m.rp, m.leo)  # a roll flushes up to the new base
+            self.flushed(m, m.leo)  # a roll flushes up to the new base
         m.segs[-1].batches.append(MBatch(m.leo, m.leo + n - 1, bsize, max(tss),
                                          bytes(data[pos:pos + bsize])))
         m.leo += n
+        self.maybe_flush(m)
 
     @rule(p=st.integers(0, PARTITIONS - 1),
           batches=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 50),
@@ -259,8 +279,7 @@ class RetentionModel(RuleBasedStateMachine):
     @rule(p=st.integers(0, PARTITIONS - 1))
     def flush(self, p):
         self.lg(p).flush()
-        m = self.parts[p]
-        m.rp = max(m.rp, m.leo)
+        self.flushed(self.parts[p], self.parts[p].leo)
 
     @rule(p=st.integers(0, PARTITIONS - 1))
     def roll(self, p):
@@ -268,7 +287,7 @@ class RetentionModel(RuleBasedStateMachine):
         m = self.parts[p]
         if m.segs[-1].batches:
             m.segs.append(MSeg(m.leo))
-            m.rp = max(m.rp, m.leo)
+            self.flushed(m, m.leo)
 
     @rule(p=st.integers(0, PARTITIONS - 1), frac=st.floats(0, 1))
     def delete_records(self, p, frac):
@@ -280,11 +299,13 @@ class RetentionModel(RuleBasedStateMachine):
             self.lg(p).delete_records(m.leo + 1)
 
     @rule(key=st.sampled_from(["retention.ms", "retention.bytes", "segment.bytes", "segment.ms",
-                               "policy", "file.delete.delay.ms"]), pick=st.integers(0, 4))
+                               "policy", "file.delete.delay.ms", "flush.messages",
+                               "flush.ms"]), pick=st.integers(0, 4))
     def alter_config(self, key, pick):
         values = {"retention.ms": RETENTION_MS_VALUES, "retention.bytes": RETENTION_BYTES_VALUES,
                   "segment.bytes": SEGMENT_BYTES, "segment.ms": SEGMENT_MS, "policy": POLICIES,
-                  "file.delete.delay.ms": DELAYS}[key]
+                  "file.delete.delay.ms": DELAYS, "flush.messages": FLUSH_MESSAGES,
+                  "flush.ms": FLUSH_MS}[key]
         v = values[pick % len(values)]
         self.cfg[key] = v
         self.store.alter_topic_config(TOPIC, set={"cleanup.policy" if key == "policy" else key: v})
@@ -313,7 +334,7 @@ class RetentionModel(RuleBasedStateMachine):
         m.segs = m.segs[len(plan):]
         if rolled:
             m.segs = [MSeg(m.leo)]
-            m.rp = max(m.rp, m.leo)
+            self.flushed(m, m.leo)
         m.start = new_start
         m.pending += [(self.clock.now + delay, s.base) for s, _ in plan]
 
@@ -326,7 +347,7 @@ class RetentionModel(RuleBasedStateMachine):
                         lg.recovery_point))
         return out
 
-    @rule(ahead=st.sampled_from([0, 0, 0, 1_000, 100_000]))
+    @rule(ahead=st.sampled_from([0, 0, 1_000, 100_000, 20_000_000]))
     def enforce_retention(self, ahead):
         now = self.clock.now + ahead
         before = self.fingerprint()
@@ -361,12 +382,15 @@ class RetentionModel(RuleBasedStateMachine):
             event(f"retention deleted {min(total_segs, 3)}")
             event(f"reasons {sorted({r.reason for p in real.partitions.values() for r in p.deleted})}")
             event(f"rolled {any(p.rolled for p in real.partitions.values())}")
+            event(f"policy {self.cfg['policy']!r}")
         assert (dry.segments_deleted, dry.bytes_deleted) == (total_segs, total_bytes)
 
     @rule()
     def tick(self):
         now = self.clock.now
         self.store.tick()
+        for m in self.parts:
+            self.maybe_flush(m)
         if now - self.last_ckpt >= CHECKPOINT_INTERVAL:
             self.checkpointed()
             self.last_ckpt = now
@@ -405,10 +429,12 @@ class RetentionModel(RuleBasedStateMachine):
         self.open_ro()
 
     @rule(keeps=st.lists(st.integers(0, 6), min_size=PARTITIONS, max_size=PARTITIONS),
-          torn=st.lists(st.integers(0, 3), min_size=PARTITIONS, max_size=PARTITIONS))
-    def crash(self, keeps, torn):
+          torn=st.lists(st.integers(0, 3), min_size=PARTITIONS, max_size=PARTITIONS),
+          index_damage=st.sampled_from(["none", "none", "empty", "missing", "garbage"]))
+    def crash(self, keeps, torn, index_damage):
         """A power loss: the files as they are now (flushed ones whole), each partition's
-        unflushed batches cut to a prefix, maybe with a torn part of the next batch."""
+        unflushed batches cut to a prefix, maybe with a torn part of the next batch, and the
+        index files of a segment with unflushed data lost or left with garbage."""
         self.generation += 1
         new_root = os.path.join(self.tmp, f"s{self.generation}")
         shutil.copytree(self.root, new_root)
@@ -424,9 +450,20 @@ class RetentionModel(RuleBasedStateMachine):
             length = sum(b.size for b in active.batches[:keep])
             if keep < len(active.batches) and torn[p]:
                 length += active.batches[keep].size * torn[p] // 4   # a torn write
-            with open(os.path.join(self.path(p, new_root), f"{active.base:020d}.log"),
-                      "r+b") as f:
+            prefix = os.path.join(self.path(p, new_root), f"{active.base:020d}")
+            with open(prefix + ".log", "r+b") as f:
                 f.truncate(length)
+            for suffix in (".index", ".timeindex"):
+                if not os.path.exists(prefix + suffix) or index_damage == "none":
+                    continue
+                if index_damage == "missing":
+                    os.unlink(prefix + suffix)
+                    continue
+                with open(prefix + suffix, "r+b") as f:
+                    if index_damage == "empty":
+                        f.truncate(0)
+                    else:
+                        f.write(random.Random(length).randbytes(64))
             if os.environ.get("RETENTION_MODEL_EVENTS"):
                 from hypothesis import event
                 event(f"crash cut {len(active.batches) - keep} of {len(unflushed)}, torn {torn[p]}")
@@ -485,6 +522,16 @@ class RetentionModel(RuleBasedStateMachine):
             assert sorted(n for n in names if n.endswith(".log.deleted")) == \
                 sorted(f"{b:020d}.log.deleted" for _, b in m.pending), p
             pending += len(m.pending)
+            live = {s.base for s in m.segs}
+            gone = {b for _, b in m.pending}
+            for n in names:
+                base, suffix = int(n[:20]), n[20:]
+                if suffix.endswith(".deleted"):
+                    assert base in gone and suffix[:-8] in SEGMENT_SUFFIXES, (p, n)
+                elif suffix == ".snapshot":
+                    assert base <= m.leo, (p, n)
+                else:
+                    assert base in live and suffix in SEGMENT_SUFFIXES, (p, n)
             for s in m.segs:
                 with open(os.path.join(d, f"{s.base:020d}.log"), "rb") as f:
                     assert f.read() == b"".join(b.raw for b in s.batches), (p, s.base)
@@ -520,8 +567,8 @@ class RetentionModel(RuleBasedStateMachine):
 # Deterministic by default; RETENTION_MODEL_RANDOM=1 with RETENTION_MODEL_EXAMPLES /
 # RETENTION_MODEL_STEPS explores further.
 RetentionModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("RETENTION_MODEL_EXAMPLES", 30)),
-    stateful_step_count=int(os.environ.get("RETENTION_MODEL_STEPS", 30)), deadline=None,
+    max_examples=int(os.environ.get("RETENTION_MODEL_EXAMPLES", 60)),
+    stateful_step_count=int(os.environ.get("RETENTION_MODEL_STEPS", 40)), deadline=None,
     derandomize=not os.environ.get("RETENTION_MODEL_RANDOM"), database=None)
 TestRetentionModel = RetentionModel.TestCase
 
