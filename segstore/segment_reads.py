@@ -12,24 +12,14 @@ from typing import Optional
 
 import numpy as np
 
-from .segment_checks import entry_points_at_batch
 
 log = logging.getLogger("segstore.segment")
 MAX_OFFSET = np.iinfo(np.int64).max
 
 
-def _index_position(seg, offset: int, size: int, buf) -> int:
-    """Where to start scanning for ``offset``: the offset-index floor, if the batch there
-    really holds the entry's offset; a damaged index is never trusted (scan from 0)."""
-    entry_offset, pos = seg.offset_index.lookup(offset)
-    if pos <= 0 or pos >= size:
-        return 0
-    if not entry_points_at_batch(buf, size, entry_offset, pos):
-        log.warning(
-            "ignoring the offset index of %s: entry (%d, %d) does not point at its batch",
-            seg.log_path, entry_offset, pos)
-        return 0
-    return pos
+def _ignore_index(seg, entry_offset: int, pos: int) -> None:
+    log.warning("ignoring the offset index of %s: entry (%d, %d) does not point at its batch",
+                seg.log_path, entry_offset, pos)
 
 
 def translate_offset(seg, offset: int, start_position: int = 0):
@@ -39,16 +29,27 @@ def translate_offset(seg, offset: int, start_position: int = 0):
     whole batches, so a batch running past its size is reported as CorruptRecordError, but
     only when the scan reaches it before finding the batch: damage further on is left to the
     reads that need it (Kafka walks batch by batch and never looks past its target).
+
+    The scan starts at the offset index's floor entry when the batch there really holds the
+    entry's offset (the first batch the scan reads is that check); a damaged index is never
+    trusted: the scan starts over from ``start_position``.
     """
     size = seg.size  # read once: an append may grow it while we scan
-    buf = seg.buffer(size)
-    pos = max(_index_position(seg, offset, size, buf), start_position)
+    entry_offset, entry_pos = seg.offset_index.lookup(offset)
+    pos = start_position
+    if start_position < entry_pos < size:
+        pos = entry_pos
     while pos < size:
         res = _scan_ahead(seg, pos, size)
         b = res.batches
-        hit = np.nonzero(b["last_offset"] >= offset)[0]
-        if len(hit):
-            return b[hit[0]]
+        if pos == entry_pos:
+            entry_pos = -1
+            if not (len(b) and b["base_offset"][0] <= entry_offset <= b["last_offset"][0]):
+                _ignore_index(seg, entry_offset, pos)
+                pos = start_position
+                continue
+        if len(b) and b["last_offset"][-1] >= offset:
+            return b[int(np.argmax(b["last_offset"] >= offset))]
         if res.error is not None:
             raise res.error
         if len(b) == 0:

@@ -122,3 +122,35 @@ def test_a_decode_stops_at_the_records_it_wants(tmp_path):
     # every batch they reach in full.
     with pytest.raises(CorruptRecordError, match="position 0"):
         _core.decode_columns(data, max_records=2)
+
+
+def test_a_read_never_trusts_an_index_entry_that_misses_its_batch(tmp_path, caplog):
+    """translate_offset starts at the offset index's floor entry only when the batch there
+    holds the entry's offset; an entry pointing inside a batch is ignored (with a warning
+    naming the file) and the read still returns the right records."""
+    import struct
+    from segstore.config import TopicConfig
+    from segstore.log import PartitionLog
+    path = str(tmp_path / "t-0")
+    cfg = TopicConfig.from_dict({"index.interval.bytes": 1})  # an entry per batch
+    lg = PartitionLog(path, "t", 0, cfg, FakeClock(1_000))
+    for i in range(6):
+        lg.append_batch([b"v%d-%d" % (i, j) for j in range(3)])
+    lg.roll()  # a sealed segment: its index is trusted after a clean shutdown
+    lg.append_batch([b"after"])
+    lg.close()
+    index = os.path.join(path, "00000000000000000000.index")
+    data = bytearray(open(index, "rb").read())
+        # Entries name a batch's last offset: (5, p) for the second batch, the floor of offset 7.
+    rel, pos = struct.unpack_from(">ii", data, 0)
+    assert rel == 5
+    struct.pack_into(">ii", data, 0, rel, pos + 7)  # now it points inside that batch
+    open(index, "wb").write(bytes(data))
+    lg = PartitionLog(path, "t", 0, cfg, FakeClock(1_000), recovery_point=19,
+                      had_clean_shutdown=True)
+    with caplog.at_level(logging.WARNING, logger="segstore.segment"):
+        got = [r.value for r in lg.read(7, max_records=3)]
+    assert got == [b"v2-1", b"v2-2", b"v3-0"]
+    assert any("ignoring the offset index" in r.getMessage() and index.replace(".index", ".log")
+               in r.getMessage() for r in caplog.records), caplog.records
+    lg.close()
