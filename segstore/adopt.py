@@ -51,7 +51,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections import abc
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
@@ -64,6 +64,9 @@ from .producer_state import has_producer_batches
 from .segment import (CLEANED_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, LogSegment,
                       sealed_index_entries, segment_paths)
 from .segment_files import read_map
+
+if TYPE_CHECKING:  # log.py imports this module
+    from .log import AppendInfo
 
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call (fallback)
 

@@ -9,7 +9,6 @@ path and the map-helper path.
 from __future__ import annotations
 
 import bisect
-import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -3,7 +3,6 @@
 
 import os
 
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 

@@ -22,7 +22,6 @@ import test_cleaner_oracle as oracle_tests
 from conftest import FakeClock
 from segstore import _core
 from segstore.cleaner import Cleaner, CleanerStats, Throttler, map_helper
-from segstore.cleaner.manager import segments_in_range
 from segstore.columns import BinaryColumn
 from segstore.errors import CleaningAbortedError
 from keyless import append_batch_unvalidated

@@ -9,7 +9,6 @@ range, so the range must be exact: a batch outside it, or only partly inside, is
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from segstore import _core, log_reads

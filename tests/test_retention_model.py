@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import segstore
 from conftest import FakeClock, batch_spans, v2_header

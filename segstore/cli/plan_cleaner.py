@@ -266,7 +266,7 @@ def plan_text(plan: CleanerPlan, *, header_lines: list, measured: bool) -> str:
         over_cap = p.slots_needed * BYTES_PER_KEY > MAX_MAP_BYTES
         lines.append(
             "Too small for one round: a cleaning stops when the map is full and resumes at "
-            f"the next offset, and every round rewrites the whole log up to where it stopped. "
+            "the next offset, and every round rewrites the whole log up to where it stopped. "
             + (f"A thread's map cannot pass {_n(MAX_MAP_BYTES)} bytes, so one round cannot "
                "hold this many keys: use more partitions." if over_cap else
                f"Set log.cleaner.dedupe.buffer.size={p.buffer_needed} (or more partitions)."))

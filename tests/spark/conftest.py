@@ -7,7 +7,6 @@ Every test in this directory is marked ``spark``. Workers run the interpreter ru
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
