@@ -13,7 +13,6 @@ import errno
 import itertools
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -34,7 +33,7 @@ from .file_lock import FileLock
 from .log import PartitionLog
 from .log_isolation import read_committed
 from .records import RecordMetadata, TopicPartition
-from .topic import (is_legal_topic_name, read_topic_metas, remove_topic_meta, topic_meta_dir,
+from .topic import (discover_topics, hosted_partitions, remove_topic_meta, topic_meta_dir,
                     topic_partitions, validate_partition_count, validate_topic_name,
                     write_topic_meta)
 from .cleaner import LogCleaner
@@ -43,15 +42,9 @@ from .segment_delete_queue import SegmentDeleteQueue
 
 log = logging.getLogger("segstore.store")
 
-_PARTITION_DIR = re.compile(r"(.+)-(\d+)")
 # Kafka's log.initial.task.delay.ms: the first retention pass runs this long after startup (or
 # after one log.retention.check.interval.ms, when that is shorter).
 RETENTION_INITIAL_DELAY_MS = 30_000
-
-
-def _hosted(meta: dict):
-    """The partition numbers a topic has in this store (see ``_load``)."""
-    return range(meta["partitions"]) if meta["hosted"] is None else meta["hosted"]
 
 
 def _system_clock() -> int:
@@ -132,31 +125,10 @@ class LogStore:
         recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT)
         starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT)
         defaults = self.config.topic_defaults()
-        for path, meta in read_topic_metas(self.path):
-            try:
-                cfg = TopicConfig.from_dict(meta["config"], defaults=defaults)
-            except InvalidConfigError as e:
-                raise InvalidConfigError(f"{path}: {e}") from None
-            self._topics[meta["name"]] = {"partitions": meta["partitions"], "config": cfg,
-                                          "hosted": meta["hosted"]}
-        # Partition directories without metadata: a Kafka broker's log dir. A broker holds only
-        # the partitions it hosts, so only those are opened (an open never adds a directory
-        # to a broker's log dir); the partition count is one more than the highest found.
-        found: dict[str, set] = {}
-        for name in os.listdir(self.path):
-            m = _PARTITION_DIR.fullmatch(name)
-            if (m and os.path.isdir(os.path.join(self.path, name))
-                    and is_legal_topic_name(m.group(1)) and m.group(2) == str(int(m.group(2)))):
-                found.setdefault(m.group(1), set()).add(int(m.group(2)))
-        for topic, numbers in found.items():
-            if topic not in self._topics:
-                n = max(numbers) + 1
-                self._topics[topic] = {"partitions": n,
-                                       "config": TopicConfig.from_dict({}, defaults=defaults),
-                                       "hosted": (None if len(numbers) == n
-                                                  else tuple(sorted(numbers)))}
+        self._topics.update(discover_topics(
+            self.path, lambda overrides: TopicConfig.from_dict(overrides, defaults=defaults)))
         for topic, meta in self._topics.items():
-            for p in _hosted(meta):
+            for p in hosted_partitions(meta):
                 tp = TopicPartition(topic, p)
                 if reuse and tp in reuse:
                     self._logs[tp] = reuse[tp]
@@ -240,7 +212,7 @@ class LogStore:
         self._check_writable()
         with self._lock:
             meta = self._topic(name)
-            for p in _hosted(meta):
+            for p in hosted_partitions(meta):
                 tp = TopicPartition(name, p)
                 if not self.readonly:  # stop a round in progress before the files go
                     self.cleaner.manager.abort_and_pause_cleaning(tp)
@@ -293,7 +265,7 @@ class LogStore:
         """Partition count, config overrides and per-partition offsets and sizes."""
         meta = self._topic(name)
         parts = []
-        for p in _hosted(meta):
+        for p in hosted_partitions(meta):
             lg = self.partition(name, p)
             parts.append({"partition": p, "log_start_offset": lg.log_start_offset,
                           "log_end_offset": lg.log_end_offset, "segments": len(lg.segments),
@@ -316,7 +288,7 @@ class LogStore:
             cfg = meta["config"].with_updates(set or {}, tuple(delete))
             write_topic_meta(self.path, name, meta["partitions"], cfg, hosted=meta["hosted"])
             meta["config"] = cfg
-            for p in _hosted(meta):
+            for p in hosted_partitions(meta):
                 self._logs[TopicPartition(name, p)].config = cfg
             return cfg
 
@@ -327,16 +299,16 @@ class LogStore:
         if not 0 <= partition < meta["partitions"]:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition} (it has {meta['partitions']})")
-        if partition not in _hosted(meta):
+        if partition not in hosted_partitions(meta):
             raise UnknownTopicOrPartitionError(
                 f"partition {topic}-{partition} is not in {self.path}: a Kafka broker's log dir "
-                f"holds only the partitions it hosts ({list(_hosted(meta))})")
+                f"holds only the partitions it hosts ({list(hosted_partitions(meta))})")
         return self._logs[TopicPartition(topic, partition)]
 
     def partitions_for(self, topic: str) -> list[int]:
         """Partition numbers of a topic in this store: all of them, except in a Kafka broker's
         log dir, which holds only the partitions it hosts."""
-        return list(_hosted(self._topic(topic)))
+        return list(hosted_partitions(self._topic(topic)))
 
     def num_partitions(self, topic: str) -> int:
         """A topic's partition count, the one its partitioner uses (for a topic found in a Kafka
@@ -501,7 +473,7 @@ class LogStore:
                 raise InvalidTopicError(
                     f"topic {topic!r} has cleanup.policy={','.join(cfg.cleanup_policy)}; only "
                     f"topics with 'compact' can be compacted")
-            parts = [partition] if partition is not None else _hosted(self._topic(topic))
+            parts = [partition] if partition is not None else hosted_partitions(self._topic(topic))
             tps = [TopicPartition(topic, p) for p in parts]
             for tp in tps:
                 if tp not in self._logs:

@@ -11,16 +11,19 @@ import json
 import os
 import re
 from collections import abc
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .checkpoint import write_atomic
-from .errors import CorruptMetadataError, InvalidTopicError
+from .errors import CorruptMetadataError, InvalidConfigError, InvalidTopicError
 from .records import TopicPartition
 
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_TOPIC_LENGTH = 249
 MAX_PARTITIONS = 2 ** 31 - 1  # partition ids are Java ints
 META_DIR = ".segstore"
+# A partition directory's name: <topic>-<partition number> (the number in canonical form is
+# checked where it matters, "-01" is not partition 1).
+PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
 
 
 def validate_topic_name(name) -> str:
@@ -126,6 +129,39 @@ def _read_meta(path: str) -> dict:
                           f"numbers below {partitions}")
         meta["hosted"] = tuple(sorted(hosted))
     return meta
+
+
+def discover_topics(root: str, make_config: Callable[[dict], object]) -> dict:
+    """The topics of a store directory, ``{name: {"partitions", "config", "hosted"}}``: those
+    with a metadata file, then those found only as ``<topic>-<n>`` directories (a Kafka
+    broker's log dir), which get ``make_config({})``. A broker holds only the partitions it
+    hosts, so for those ``hosted`` lists the numbers found and the partition count is one more
+    than the highest (None: every partition is there). See :func:`hosted_partitions`."""
+    topics: dict = {}
+    for path, meta in read_topic_metas(root):
+        try:
+            cfg = make_config(meta["config"])
+        except InvalidConfigError as e:
+            raise InvalidConfigError(f"{path}: {e}") from None
+        topics[meta["name"]] = {"partitions": meta["partitions"], "config": cfg,
+                                "hosted": meta["hosted"]}
+    found: dict[str, set] = {}
+    for name in os.listdir(root):
+        m = PARTITION_DIR.fullmatch(name)
+        if (m and os.path.isdir(os.path.join(root, name)) and is_legal_topic_name(m.group(1))
+                and m.group(2) == str(int(m.group(2)))):
+            found.setdefault(m.group(1), set()).add(int(m.group(2)))
+    for topic, numbers in found.items():
+        if topic not in topics:
+            n = max(numbers) + 1
+            topics[topic] = {"partitions": n, "config": make_config({}),
+                             "hosted": None if len(numbers) == n else tuple(sorted(numbers))}
+    return topics
+
+
+def hosted_partitions(meta: dict):
+    """The partition numbers a topic (a :func:`discover_topics` entry) has in this store."""
+    return range(meta["partitions"]) if meta["hosted"] is None else meta["hosted"]
 
 
 def remove_topic_meta(root: str, name: str) -> None:

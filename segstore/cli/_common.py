@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -16,6 +15,7 @@ import segstore
 from ..checkpoint import (CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
                           RECOVERY_POINT_CHECKPOINT)
 from ..errors import StoreLockedError
+from ..topic import PARTITION_DIR
 from ..topic import META_DIR
 
 __all__ = ["UsageError", "CommandError", "ArgumentParser", "Progress", "add_store_options",
@@ -147,7 +147,6 @@ def lock_holder(path: str) -> str:
 _STORE_FILES = (META_DIR, "meta.properties", RECOVERY_POINT_CHECKPOINT,
                 LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT,
                 "replication-offset-checkpoint")
-_PARTITION_DIR = re.compile(r".+-[0-9]+")
 
 
 def check_store_dir(path: str) -> None:
@@ -163,7 +162,7 @@ def check_store_dir(path: str) -> None:
         return
     for n in names:  # a broker's log dir without checkpoints yet: partitions with segments
         d = os.path.join(path, n)
-        if _PARTITION_DIR.fullmatch(n) and os.path.isdir(d) and \
+        if PARTITION_DIR.fullmatch(n) and os.path.isdir(d) and \
                 any(f.endswith(".log") for f in os.listdir(d)):
             return
     raise CommandError(f"{path} is not a segstore store or a Kafka log dir")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 
 from ..checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
-from ..topic import is_legal_topic_name
+from ..topic import PARTITION_DIR, is_legal_topic_name
 from ._common import (CommandError, add_store_options, check_store_dir, iter_partitions,
                       open_store, print_json, progress, time_ms)
 
@@ -98,7 +97,6 @@ def run_verify(args) -> int:
     return 1 if count else 0
 
 
-_PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
 
 
 def stray_partition_dirs(store) -> list:
@@ -107,7 +105,7 @@ def stray_partition_dirs(store) -> list:
     none of their files, so their data is invisible to every command."""
     out = []
     for name in sorted(os.listdir(store.path)):
-        m = _PARTITION_DIR.fullmatch(name)
+        m = PARTITION_DIR.fullmatch(name)
         path = os.path.join(store.path, name)
         if not m or not os.path.isdir(path):
             continue
