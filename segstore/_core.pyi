@@ -104,7 +104,9 @@ def decode_records(
     unless ``include_control``. A torn trailing batch is ignored; anything corrupt raises, but
     batches are checked in order, only as far as the records wanted reach: with ``max_records``
     damage after the batch holding the last record returned does not fail the decode. Within a
-    batch (after its CRC), records are parsed only up to the last one returned.
+    batch (after its CRC), records are parsed only up to the first one not wanted (the one after
+    the last returned, at ``max_records`` or ``end_offset``); the rest are neither parsed nor
+    checked.
     """
 
 def decode_columns(
