@@ -262,7 +262,8 @@ class LogStore:
         return self._topic(name)["config"]
 
     def describe_topic(self, name: str) -> dict:
-        """Partition count, config overrides and per-partition offsets and sizes."""
+        """Partition count, config overrides and per-partition offsets and sizes (of the
+        partitions in this store: a Kafka broker's log dir lists only those it hosts)."""
         meta = self._topic(name)
         parts = []
         for p in hosted_partitions(meta):
@@ -293,7 +294,8 @@ class LogStore:
             return cfg
 
     def partition(self, topic: str, partition: int) -> PartitionLog:
-        """The log of one partition."""
+        """The log of one partition; UnknownTopicOrPartitionError for a partition the topic
+        lacks, or one a Kafka broker's log dir does not host (see :meth:`partitions_for`)."""
         meta = self._topic(topic)
         partition = offset_argument(partition, "partition")
         if not 0 <= partition < meta["partitions"]:
@@ -317,7 +319,8 @@ class LogStore:
 
     # -- records ----------------------------------------------------------------------------
     def partition_for(self, topic: str, key=None) -> int:
-        """Where Kafka's default partitioner sends a key (murmur2; null keys round-robin)."""
+        """Where Kafka's default partitioner sends a key (murmur2; null keys round-robin), over
+        :meth:`num_partitions` partitions."""
         n = self._topic(topic)["partitions"]
         if key is None:
             return next(self._round_robin) % n
