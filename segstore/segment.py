@@ -453,7 +453,8 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
         Returns a list of :class:`Problem` (empty when the segment is sound). Offsets must grow
         from batch to batch and stay inside [base offset, next segment's base); offset-index
         entries must point at the start of the batch holding their offset; time-index entries
-        must be ordered and name offsets of this segment.
+        must be ordered and name offsets of this segment. A sealed segment's index (one with a
+        ``next_base_offset``) must end at a whole entry and hold only zeros after its entries.
         """
         # A reader checks the whole file: its size may lag behind a writer's appends.
         size = os.fstat(self._fd).st_size if self.readonly else self.size

@@ -18,9 +18,10 @@ def register(subparsers) -> None:
         "verify", help="check every batch CRC, index entry and producer snapshot; exit 1 on "
                         "problems",
         description="Check every batch's CRC and layout, every index entry against its log "
-                    "and every producer snapshot, without changing anything (the store is "
-                    "opened read-only, so a live writer may keep running). Exit status 1 when "
-                    "a problem is found.")
+                    "(and what follows a sealed segment's last index entry) and every producer "
+                    "snapshot, and name directories that look like partitions but are none of "
+                    "the store's, without changing anything (the store is opened read-only, so "
+                    "a live writer may keep running). Exit status 1 when a problem is found.")
     add_store_options(p)
     p.add_argument("--topic", action="append", default=None,
                    help="only this topic; repeatable")
