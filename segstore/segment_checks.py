@@ -142,11 +142,13 @@ def _index_tail_problem(index) -> Optional[Problem]:
     if partial:
         return Problem(index.path, used + len(tail) - partial,
                        f"the file ends inside an entry ({used + len(tail)} bytes is not a "
-                       f"multiple of {index.entry_size}); a writable open rebuilds the index")
+                       f"multiple of {index.entry_size}); the writer rebuilds the index when it "
+                       "first uses it, 'segstore recover' at once")
     if any(tail):
         return Problem(index.path, used,
                        f"the {len(tail)} bytes after the {index.entries} valid entries are "
-                       "not ordered entries (damage); a writable open rebuilds the index")
+                       "not ordered entries (damage); the writer rebuilds the index when it first "
+                       "uses it, 'segstore recover' at once")
     return None
 
 

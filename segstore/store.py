@@ -109,21 +109,27 @@ class LogStore:
             raise
 
     # -- loading ----------------------------------------------------------------------------
-    def _checkpoint(self, name: str) -> dict:
+    def _checkpoint(self, name: str, clean_shutdown: bool) -> dict:
         try:
             return OffsetCheckpointFile(os.path.join(self.path, name)).read()
         except CheckpointError as e:
-            # What ignoring the file costs: a recovery from each log's start, or log start
-            # offsets back at each log's first segment (a DeleteRecords above it is forgotten).
-            instead = ("" if self.readonly else " (recovering every log from its start instead)"
-                       if name == RECOVERY_POINT_CHECKPOINT
-                       else " (each log starts at its first segment instead)")
+            # What ignoring the file costs: after an unclean shutdown a recovery from each
+            # log's start, or log start offsets back at each log's first segment (a
+            # DeleteRecords above it is forgotten).
+            if self.readonly:
+                instead = ""
+            elif name != RECOVERY_POINT_CHECKPOINT:
+                instead = " (each log starts at its first segment instead)"
+            elif clean_shutdown:
+                instead = " (the last shutdown was clean: nothing is recovered)"
+            else:
+                instead = " (recovering every log from its start instead)"
             log.warning("ignoring %s%s", e, instead)
             return {}
 
     def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None) -> None:
-        recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT)
-        starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT)
+        recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT, clean_shutdown)
+        starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT, clean_shutdown)
         defaults = self.config.topic_defaults()
         self._topics.update(discover_topics(
             self.path, lambda overrides: TopicConfig.from_dict(overrides, defaults=defaults)))
@@ -319,11 +325,16 @@ class LogStore:
 
     # -- records ----------------------------------------------------------------------------
     def partition_for(self, topic: str, key=None) -> int:
-        """Where Kafka's default partitioner sends a key (murmur2; null keys round-robin), over
-        :meth:`num_partitions` partitions."""
-        n = self._topic(topic)["partitions"]
+        """Where Kafka's default partitioner sends a key: murmur2 over :meth:`num_partitions`
+        partitions; null keys round-robin over :meth:`partitions_for` (in a broker's log dir,
+        the partitions it holds)."""
+        meta = self._topic(topic)
+        n = meta["partitions"]
         if key is None:
-            return next(self._round_robin) % n
+            # Kafka's partitioner spreads keyless records over the available partitions: in a
+            # broker's log dir, the ones it holds.
+            hosted = hosted_partitions(meta)
+            return hosted[next(self._round_robin) % len(hosted)]
         try:
             if isinstance(key, str):
                 key = key.encode("utf-8")

@@ -152,10 +152,17 @@ def discover_topics(root: str, make_config: Callable[[dict], object]) -> dict:
                 and m.group(2) == str(int(m.group(2)))):
             found.setdefault(m.group(1), set()).add(int(m.group(2)))
     for topic, numbers in found.items():
-        if topic not in topics:
+        meta = topics.get(topic)
+        if meta is None:
             n = max(numbers) + 1
             topics[topic] = {"partitions": n, "config": make_config({}),
                              "hosted": None if len(numbers) == n else tuple(sorted(numbers))}
+        elif meta["hosted"] is not None:
+            # A broker's topic whose config was changed here: a partition the broker took on
+            # since (its directory is here now) is opened too.
+            hosted = set(meta["hosted"]) | {p for p in numbers if p < meta["partitions"]}
+            meta["hosted"] = (None if len(hosted) == meta["partitions"]
+                              else tuple(sorted(hosted)))
     return topics
 
 

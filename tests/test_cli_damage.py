@@ -289,13 +289,13 @@ def test_verify_reports_a_damaged_sealed_index_that_recovery_rebuilds(capsys, tm
     if damage == "truncated entry":
         open(path, "wb").write(data[:-3])
         expected = (f"t-0: {path} at position {(whole - 1) * entry}: the file ends inside an "
-                    f"entry ({len(data) - 3} bytes is not a multiple of {entry}); a writable "
-                    "open rebuilds the index")
+                    f"entry ({len(data) - 3} bytes is not a multiple of {entry}); the writer "
+                    "rebuilds the index when it first uses it, 'segstore recover' at once")
     else:
         open(path, "wb").write(data + b"\xff" * (2 * entry))
         expected = (f"t-0: {path} at position {len(data)}: the {2 * entry} bytes after the "
-                    f"{whole} valid entries are not ordered entries (damage); a writable open "
-                    "rebuilds the index")
+                    f"{whole} valid entries are not ordered entries (damage); the writer "
+                    "rebuilds the index when it first uses it, 'segstore recover' at once")
     before = file_bytes(root)
     rc, out, _ = run(capsys, "verify", "--path", root)
     assert file_bytes(root) == before

@@ -154,3 +154,49 @@ def test_a_read_never_trusts_an_index_entry_that_misses_its_batch(tmp_path, capl
     assert any("ignoring the offset index" in r.getMessage() and index.replace(".index", ".log")
                in r.getMessage() for r in caplog.records), caplog.records
     lg.close()
+
+
+def test_keyless_appends_to_a_broker_log_dir_go_to_hosted_partitions(tmp_path):
+    """Kafka's partitioner spreads keyless records over the available partitions: in a broker's
+    log dir that holds 0 and 2, never 1 (one append in three failed)."""
+    root = str(tmp_path / "kafka-logs")
+    _broker_log_dir(root)
+    with segstore.open(root, clock=FakeClock(1_000)) as store:
+        got = {store.append("orders", b"v").partition for _ in range(12)}
+        assert got == {0, 2}
+
+
+def test_a_partition_the_broker_takes_on_later_is_opened(tmp_path):
+    """Once a config change wrote the hosted list [0, 2], a directory orders-1 that appears
+    later (the broker took the partition over) is opened, and recorded at the next change."""
+    import json
+    import shutil
+    root = str(tmp_path / "kafka-logs")
+    _broker_log_dir(root)
+    with segstore.open(root, clock=FakeClock(1_000)) as store:
+        store.alter_topic_config("orders", {"retention.ms": 86_400_000})
+    other = str(tmp_path / "other")
+    with segstore.open(other, clock=FakeClock(1_000)) as store:
+        store.create_topic("orders", 3)
+        store.partition("orders", 1).append_batch([b"x1", b"x2"])
+    shutil.copytree(os.path.join(other, "orders-1"), os.path.join(root, "orders-1"))
+    with segstore.open(root, clock=FakeClock(1_000)) as store:
+        assert store.partitions_for("orders") == [0, 1, 2]
+        assert [r.value for r in store.partition("orders", 1).read(0)] == [b"x1", b"x2"]
+        store.alter_topic_config("orders", {"retention.ms": 3_600_000})
+    meta = json.load(open(os.path.join(root, ".segstore", "topics", "orders.json")))
+    assert "hosted" not in meta  # every partition is here now
+
+
+def test_a_garbage_recovery_point_after_a_clean_shutdown_recovers_nothing(tmp_path, caplog):
+    root = str(tmp_path / "s")
+    with segstore.open(root, clock=FakeClock(1_000)) as store:
+        store.create_topic("t")
+        store.partition("t", 0).append_batch([b"a", b"b"])
+    with open(os.path.join(root, "recovery-point-offset-checkpoint"), "w") as f:
+        f.write("garbage\n")
+    with caplog.at_level(logging.WARNING, logger="segstore.store"):
+        with segstore.open(root, clock=FakeClock(1_000)) as store:
+            assert store.partition("t", 0).log_end_offset == 2
+    msgs = [r.getMessage() for r in caplog.records if "recovery-point" in r.getMessage()]
+    assert msgs and msgs[0].endswith("(the last shutdown was clean: nothing is recovered)")

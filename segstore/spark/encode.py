@@ -44,6 +44,7 @@ class TopicInfo:
     codec: int
     compact: bool = False  # keyless records refused, as Kafka's broker does
     level: Optional[int] = None  # compression.<codec>.level
+    hosted: Optional[tuple] = None  # a broker's log dir: the partitions it holds (None: all)
 
 
 def topic_info(store, topic: str) -> TopicInfo:
@@ -60,7 +61,9 @@ def topic_info(store, topic: str) -> TopicInfo:
     return TopicInfo(partitions=store.num_partitions(topic),
                      max_batch_bytes=min(cfg.max_message_bytes, cfg.segment_bytes),
                      max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec),
-                     compact=cfg.compact, level=cfg.compression_level(codec_id(codec)))
+                     compact=cfg.compact, level=cfg.compression_level(codec_id(codec)),
+                     hosted=(None if store.partitions_for(topic) == list(range(
+                         store.num_partitions(topic))) else tuple(store.partitions_for(topic))))
 
 
 def _check_keys(keys: Optional[BinaryColumn], rows, topic: str, partition: int) -> None:
@@ -154,7 +157,8 @@ class BatchRouter:
         if self.layout.partition is None and keys is not None and len(infos) == 1:
             # The common case, one topic and keys: murmur2 alone (-1 marks null keys).
             part = _core.murmur2_partitions(keys, infos[0].partitions)
-            return self._sticky_nulls(part, np.array([infos[0].partitions]), topic_idx)
+            return self._sticky_nulls(part, np.array([infos[0].partitions]), topic_idx,
+                                      topics, infos)
         part = np.full(n, -1, dtype=np.int32)
         given = None
         if self.layout.partition is not None:
@@ -180,16 +184,29 @@ class BatchRouter:
                 hashed = _core.murmur2_partitions(keys, int(count))
                 rows = todo if len(per_topic) == 1 else todo & (counts[topic_idx] == count)
                 part[rows] = hashed[rows]
-        return self._sticky_nulls(part, counts, topic_idx)
+        return self._sticky_nulls(part, counts, topic_idx, topics, infos)
 
-    def _sticky_nulls(self, part: np.ndarray, counts: np.ndarray,
-                      topic_idx: np.ndarray) -> np.ndarray:
+    def _sticky_nulls(self, part: np.ndarray, counts: np.ndarray, topic_idx: np.ndarray,
+                      topics: list, infos: list) -> np.ndarray:
         """Rows still at -1 (null keys): one sticky partition per input batch, moving on with
-        each batch."""
+        each batch (in a broker's log dir, among the partitions it holds, as Kafka's
+        partitioner picks among available ones)."""
         todo = part < 0
         if todo.any():
             self._sticky += 1
             part[todo] = (self._sticky % counts[topic_idx[todo]]).astype(np.int32)
+        for t, info in enumerate(infos):
+            if info.hosted is None:
+                continue
+            rows = topic_idx == t
+            if todo.any():
+                part[todo & rows] = info.hosted[self._sticky % len(info.hosted)]
+            missing = rows & ~np.isin(part, info.hosted)
+            if missing.any():
+                raise UnknownTopicOrPartitionError(
+                    f"partition {int(part[np.flatnonzero(missing)[0]])} of topic {topics[t]!r} "
+                    f"is not in this store: a Kafka broker's log dir holds only the partitions "
+                    f"it hosts ({list(info.hosted)})")
         return part
 
     def route(self, batch) -> Iterator[tuple]:

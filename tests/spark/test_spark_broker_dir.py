@@ -51,3 +51,18 @@ def test_a_stream_plans_only_the_hosted_partitions(spark, broker_dir, tmp_path):
     assert sorted((r.partition, r.offset) for r in rows) == \
         [(p, i) for p in (0, 2) for i in range(4)]
     assert not os.path.exists(os.path.join(broker_dir, "orders-1"))
+
+
+def test_a_write_sends_keyless_rows_to_hosted_partitions_only(spark, broker_dir, tmp_path):
+    target = str(tmp_path / "kafka-logs")
+    shutil.copytree(broker_dir, target)
+    df = spark.createDataFrame([(b"w%d" % i,) for i in range(40)], "value binary").repartition(4)
+    df.write.format("segstore").mode("append").option("topic", "orders").save(target)
+    with segstore.open(target, readonly=True) as store:
+        assert store.partitions_for("orders") == [0, 2]
+        added = sum(store.partition("orders", p).log_end_offset - 4 for p in (0, 2))
+    assert added == 40
+    assert not os.path.exists(os.path.join(target, "orders-1"))
+    keyed = spark.createDataFrame([(b"k%d" % i, b"v") for i in range(40)], "key binary, value binary")
+    with pytest.raises(Exception, match="holds only the partitions it hosts"):
+        keyed.write.format("segstore").mode("append").option("topic", "orders").save(target)
