@@ -116,14 +116,11 @@ class LogStore:
             # What ignoring the file costs: after an unclean shutdown a recovery from each
             # log's start, or log start offsets back at each log's first segment (a
             # DeleteRecords above it is forgotten).
-            if self.readonly:
-                instead = ""
-            elif name != RECOVERY_POINT_CHECKPOINT:
-                instead = " (each log starts at its first segment instead)"
-            elif clean_shutdown:
-                instead = " (the last shutdown was clean: nothing is recovered)"
-            else:
-                instead = " (recovering every log from its start instead)"
+            instead = ("" if self.readonly else
+                       " (each log starts at its first segment instead)"
+                       if name != RECOVERY_POINT_CHECKPOINT else
+                       " (the last shutdown was clean: nothing is recovered)" if clean_shutdown
+                       else " (recovering every log from its start instead)")
             log.warning("ignoring %s%s", e, instead)
             return {}
 
