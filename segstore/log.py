@@ -463,8 +463,9 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
 
     # -- rolling and flushing ---------------------------------------------------------------
     def roll(self) -> LogSegment:
-        """Start a new active segment at the log end offset (no-op if the active one is empty).
-        The older segments are flushed and a producer snapshot is written at the new base."""
+        """Start a new active segment at the log end offset (an empty active one is kept). The
+        older segments are flushed, as Kafka's roll does, and a producer snapshot is written
+        at the new base."""
         self._check_writable()
         with self._lock:
             return self._roll_locked(self._state.log_end_offset)
@@ -474,6 +475,7 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         active = st.segments[-1]
         new_base = max(expected_next_offset, st.log_end_offset)
         if active.size == 0 and active.base_offset == new_base:
+            self._flush_locked(new_base)  # Kafka's roll flushes below the new base even here
             return active
         if active.base_offset == new_base or (force and active.size == 0):
             # An empty active segment is replaced rather than left behind (KAFKA-6388).

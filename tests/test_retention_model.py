@@ -287,7 +287,7 @@ class RetentionModel(RuleBasedStateMachine):
         m = self.parts[p]
         if m.segs[-1].batches:
             m.segs.append(MSeg(m.leo))
-            self.flushed(m, m.leo)
+        self.flushed(m, m.leo)  # also when the active segment is empty, as Kafka's roll does
 
     @rule(p=st.integers(0, PARTITIONS - 1), frac=st.floats(0, 1))
     def delete_records(self, p, frac):

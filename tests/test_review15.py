@@ -200,3 +200,23 @@ def test_a_garbage_recovery_point_after_a_clean_shutdown_recovers_nothing(tmp_pa
             assert store.partition("t", 0).log_end_offset == 2
     msgs = [r.getMessage() for r in caplog.records if "recovery-point" in r.getMessage()]
     assert msgs and msgs[0].endswith("(the last shutdown was clean: nothing is recovered)")
+
+
+def test_roll_with_an_empty_active_segment_still_flushes_below_it(tmp_path):
+    """Kafka's roll flushes everything below the new base, also when the active segment is
+    empty and is kept; segstore's did nothing, leaving the recovery point behind."""
+    from segstore.config import TopicConfig
+    from segstore.log import PartitionLog
+    path = str(tmp_path / "t-0")
+    lg = PartitionLog(path, "t", 0, TopicConfig.from_dict({}), FakeClock(1_000))
+    lg.append_batch([b"v%d" % i for i in range(10)])
+    lg.roll()
+    lg.close()
+    # An unclean open recovers the segments above the recovery point without moving it.
+    lg = PartitionLog(path, "t", 0, TopicConfig.from_dict({}), FakeClock(1_000),
+                      recovery_point=4, had_clean_shutdown=False)
+    assert lg.active_segment.size == 0 and lg.recovery_point < 10
+    active = lg.active_segment
+    assert lg.roll() is active  # the empty active segment is kept
+    assert lg.recovery_point == 10
+    lg.close()
