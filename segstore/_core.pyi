@@ -18,7 +18,7 @@ strided or 2-d array, a read-only buffer where one is written) raises BufferType
 InvalidArgumentError and a TypeError.
 """
 
-from typing import Any, NamedTuple, Optional, Sequence, Union
+from typing import Any, Literal, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -82,6 +82,40 @@ def scan_batches(
     tail). A size field below 14, a v2 batch shorter than 61 bytes, a magic outside 0..2, or (with
     ``validate_crc``) a CRC mismatch is corrupt: raised as CorruptRecordError with the batch
     position, or returned in ``error`` with ``raise_on_corrupt=False``.
+    """
+
+class HeaderRow(NamedTuple):
+    """One batch header as plain ints: BATCH_DTYPE's fields, in its order."""
+    position: int
+    base_offset: int
+    last_offset: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    size: int
+    partition_leader_epoch: int
+    last_offset_delta: int
+    base_sequence: int
+    records_count: int
+    crc: int
+    attributes: int
+    producer_epoch: int
+    magic: int
+
+def find_batch(
+    buf: Buffer,
+    start: int,
+    end: Optional[int],
+    offset: int,
+    *,
+    first_holds: Optional[int] = None,
+    file: Optional[str] = None,
+) -> Union[HeaderRow, None, Literal[False]]:
+    """The header of the first batch in [start, end) whose last offset >= ``offset`` (None
+    when there is none). [start, end) holds only whole batches: damage (or a torn batch) the
+    walk reaches before finding it raises CorruptRecordError with ``file`` and its position.
+    ``first_holds``: the batch at ``start`` must be whole and hold that offset (an offset
+    index entry's), else False.
     """
 
 def decode_records(

@@ -66,6 +66,8 @@ from collections import namedtuple as _nt
 
 ScanResult = _nt("ScanResult", ["batches", "valid_end", "torn", "error"])
 EncodedBatches = _nt("EncodedBatches", ["data", "batches"])
+# One batch header as plain ints (find_batch), fields named and ordered as BATCH_DTYPE's.
+HeaderRow = _nt("HeaderRow", BATCH_DTYPE.names)
 
 cdef int64_t INT64_MAX_C = 0x7FFFFFFFFFFFFFFF
 

@@ -209,6 +209,66 @@ def scan_batches(buf, start=0, end=None, *, bint validate_crc=False,
     return ScanResult(s.headers.to_numpy(), s.valid_end, s.torn, error)
 
 
+cdef int find_batch_from(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end, int64_t offset,
+                         BatchHeader* h, Py_ssize_t* error_pos) noexcept nogil:
+    """Walk the batches in [pos, end), which holds only whole batches, to the first whose last
+    offset >= ``offset``: ST_OK with its header in ``h``; ST_END when none is there; otherwise
+    the status of the damaged batch the walk reached first, at ``error_pos``."""
+    cdef int st
+    while pos < end:
+        st = scan_one(b, pos, end, h)
+        if st == ST_END:
+            st = ST_INCOMPLETE  # bytes left before ``end`` that are not a whole batch
+        if st != ST_OK:
+            error_pos[0] = pos
+            return st
+        if h.last_offset >= offset:
+            return ST_OK
+        pos += h.size
+    return ST_END
+
+
+def find_batch(buf, start, end, offset, *, first_holds=None, file=None):
+    """The header (a HeaderRow) of the first batch in [start, end) whose last offset is at
+    least ``offset``, or None when there is none; what one row of ``scan_batches(buf, start,
+    end, strict=True)`` filtered on ``last_offset >= offset`` gives, without numpy.
+
+    [start, end) holds only whole batches: a damaged batch (or bytes that are not a whole
+    batch) reached before the one found raises CorruptRecordError with ``file`` and its
+    position; damage after it is not looked at. With ``first_holds`` (an offset index entry's
+    offset, the entry pointing at ``start``) the batch at ``start`` must be whole and hold
+    that offset, else the result is False: the entry is not to be trusted.
+    """
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
+    cdef Py_ssize_t s0 = _i64_arg(start, "start", InvalidArgumentError)
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], s0, end)
+    cdef int64_t target = _i64_arg(offset, "offset", InvalidOffsetError)
+    cdef int64_t holds = 0
+    cdef bint check_first = first_holds is not None
+    if check_first:
+        holds = _i64_arg(first_holds, "first_holds", InvalidOffsetError)
+    cdef const uint8_t* b = _ptr(view)
+    cdef BatchHeader h
+    cdef Py_ssize_t error_pos = s0
+    cdef int st = ST_OK
+    cdef bint missed = False
+    with nogil:
+        if check_first:
+            st = scan_one(b, s0, e, &h)
+            missed = st != ST_OK or not (h.base_offset <= holds <= h.last_offset)
+        if not missed:
+            st = find_batch_from(b, s0, e, target, &h, &error_pos)
+    if missed:
+        return False
+    if st == ST_END:
+        return None
+    _raise_status(st, error_pos, file)
+    return HeaderRow(h.position, h.base_offset, h.last_offset, h.base_timestamp,
+                     h.max_timestamp, h.producer_id, h.size, h.partition_leader_epoch,
+                     h.last_offset_delta, h.base_sequence, h.records_count, h.crc,
+                     h.attributes, h.producer_epoch, h.magic)
+
+
 def set_base_offset(buf, position, base_offset, partition_leader_epoch=None):
     """Rewrite a v2 batch's baseOffset (and leader epoch) in place; the CRC covers neither."""
     cdef Py_ssize_t pos = _i64_arg(position, "position", InvalidArgumentError)

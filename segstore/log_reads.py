@@ -119,7 +119,7 @@ class LogReads:
             rng = segment_reads.read_range(seg, offset, budget, min_one_message=not out,
                                            end_offset=end_offset, max_records=left)
             if rng is None:
-                if out and segment_reads.translate_offset(seg, offset) is not None:
+                if out and segment_reads.find_batch(seg, offset) is not None:
                     break  # its next batch does not fit what is left of max_bytes
                 i += 1
                 continue

@@ -12,6 +12,8 @@ from typing import Optional
 
 import numpy as np
 
+from . import _core
+
 
 log = logging.getLogger("segstore.segment")
 MAX_OFFSET = np.iinfo(np.int64).max
@@ -23,39 +25,37 @@ def _ignore_index(seg, entry_offset: int, pos: int) -> None:
 
 
 def translate_offset(seg, offset: int, start_position: int = 0):
-    """First batch at or after ``start_position`` whose last offset >= ``offset``.
+    """First batch at or after ``start_position`` whose last offset >= ``offset``, as a
+    BATCH_DTYPE row (position is in the file), or None; :func:`find_batch` as a numpy row."""
+    row = find_batch(seg, offset, start_position)
+    return None if row is None else np.array(tuple(row), dtype=_core.BATCH_DTYPE)[()]
 
-    Returns a BATCH_DTYPE row (position is in the file) or None. The segment holds only
-    whole batches, so a batch running past its size is reported as CorruptRecordError, but
-    only when the scan reaches it before finding the batch: damage further on is left to the
-    reads that need it (Kafka walks batch by batch and never looks past its target).
 
-    The scan starts at the offset index's floor entry when the batch there really holds the
-    entry's offset (the first batch the scan reads is that check); a damaged index is never
-    trusted: the scan starts over from ``start_position``.
+def find_batch(seg, offset: int, start_position: int = 0):
+    """First batch at or after ``start_position`` whose last offset >= ``offset``: a
+    ``_core.HeaderRow`` (plain ints, position in the file) or None.
+
+    The segment holds only whole batches, so a batch running past its size is reported as
+    CorruptRecordError, but only when the walk reaches it before finding the batch: damage
+    further on is left to the reads that need it (Kafka walks batch by batch and never looks
+    past its target).
+
+    The walk starts at the offset index's floor entry when the batch there really holds the
+    entry's offset (``first_holds`` checks it in the same call); a damaged index is never
+    trusted: the walk starts over from ``start_position``.
     """
-    size = seg.size  # read once: an append may grow it while we scan
+    size = seg.size  # read once: an append may grow it while we walk
     entry_offset, entry_pos = seg.offset_index.lookup(offset)
-    pos = start_position
+    if size == 0 or start_position >= size:
+        return None
+    buf = seg.buffer(size)
     if start_position < entry_pos < size:
-        pos = entry_pos
-    while pos < size:
-        res = _scan_ahead(seg, pos, size)
-        b = res.batches
-        if pos == entry_pos:
-            entry_pos = -1
-            if not (len(b) and b["base_offset"][0] <= entry_offset <= b["last_offset"][0]):
-                _ignore_index(seg, entry_offset, pos)
-                pos = start_position
-                continue
-        if len(b) and b["last_offset"][-1] >= offset:
-            return b[int(np.argmax(b["last_offset"] >= offset))]
-        if res.error is not None:
-            raise res.error
-        if len(b) == 0:
-            return None
-        pos = int(b["position"][-1] + b["size"][-1])
-    return None
+        row = _core.find_batch(buf, entry_pos, size, offset, first_holds=entry_offset,
+                               file=seg.log_path)
+        if row is not False:
+            return row
+        _ignore_index(seg, entry_offset, entry_pos)
+    return _core.find_batch(buf, start_position, size, offset, file=seg.log_path)
 
 
 def _scan_ahead(seg, start: int, end: int):
@@ -82,17 +82,17 @@ def read_range(seg, start_offset: int, max_bytes: int, max_position: Optional[in
     from ``start_offset`` on (by their headers' counts): a read of a few records does not
     walk a whole ``max_bytes`` of batches.
     """
-    first = translate_offset(seg, start_offset)
+    first = find_batch(seg, start_offset)
     if first is None:
         return None
-    start = int(first["position"])
+    start = first.position
     size = seg.size
     limit = size if max_position is None else min(max_position, size)
-    end = start + int(first["size"])
+    end = start + first.size
     if end > limit or (not min_one_message and end - start > max_bytes):
         return None
     stop = MAX_OFFSET if end_offset is None else end_offset
-    last = int(first["last_offset"])
+    last = first.last_offset
     buf = seg.buffer(size)
     held = None  # with max_records: how many records the range surely holds
     error = None
@@ -123,12 +123,12 @@ def read_range(seg, start_offset: int, max_bytes: int, max_position: Optional[in
 
 
 def _least_records_of(batch, start_offset: int, stop: int) -> int:
-    """:func:`_least_records` of one batch, in plain ints (numpy is slow on one row)."""
-    if batch["magic"] >= 2 and batch["attributes"] & 0x20:
+    """:func:`_least_records` of one batch (a ``_core.HeaderRow``), in plain ints."""
+    if batch.magic >= 2 and batch.attributes & 0x20:
         return 0
-    outside = (max(start_offset - int(batch["base_offset"]), 0)
-               + max(int(batch["last_offset"]) - stop + 1, 0))
-    return max(int(batch["records_count"]) - outside, 0)
+    outside = (max(start_offset - batch.base_offset, 0)
+               + max(batch.last_offset - stop + 1, 0))
+    return max(batch.records_count - outside, 0)
 
 
 def _least_records(batches, start_offset: int, stop: int):
