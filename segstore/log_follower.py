@@ -13,7 +13,6 @@ import os
 from . import _core
 from .log_state import LogState as _State
 from .segment import LOG_SUFFIX, SWAP_SUFFIX, LogSegment
-from .segment_files import is_segment_file
 
 LISTING_ATTEMPTS = 5
 
@@ -125,9 +124,15 @@ def _segment_files(directory: str) -> list:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    kinds = {LOG_SUFFIX: "", LOG_SUFFIX + SWAP_SUFFIX: SWAP_SUFFIX}
-    return sorted((int(n[:20]), kinds[n[20:]]) for n in names
-                  if is_segment_file(n) and n[20:] in kinds)
+    # Every read lists the directory twice: the suffix is tested first, so the other files
+    # (indexes, snapshots) cost one slice each. A name ending in a kind's suffix after 20
+    # characters is a segment file (is_segment_file) when those are digits.
+    kinds = _KINDS
+    return sorted([(int(n[:20]), kinds[n[20:]]) for n in names
+                   if n[20:] in kinds and n[:20].isdigit()])
+
+
+_KINDS = {LOG_SUFFIX: "", LOG_SUFFIX + SWAP_SUFFIX: SWAP_SUFFIX}
 
 
 def _close_unless_in(segments, kept) -> None:
