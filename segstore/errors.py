@@ -118,6 +118,8 @@ class CleaningAbortedError(SegstoreError):
 
 def is_int(value) -> bool:
     """An int, numpy's included, but not a bool (which Python counts as one)."""
+    if type(value) is int:  # the usual case, without the ABC's isinstance machinery
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

@@ -7,8 +7,10 @@ A mixin of :class:`segstore.log.PartitionLog`: it works only on the log's immuta
 
 from __future__ import annotations
 
+import bisect
 import functools
 import mmap
+import operator
 from typing import Iterator, Optional
 
 
@@ -24,6 +26,7 @@ from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, Consu
 
 
 READ_ATTEMPTS = 4  # a read racing truncations or deletions this often in a row gives up
+_base_offset = operator.attrgetter("base_offset")
 
 
 def _on_current_state(read):
@@ -71,9 +74,7 @@ class LogReads:
 
     def _segments_from(self, st: _State, offset: int):
         segs = st.segments
-        bases = [s.base_offset for s in segs]
-        import bisect
-        i = max(bisect.bisect_right(bases, offset) - 1, 0)
+        i = max(bisect.bisect_right(segs, offset, key=_base_offset) - 1, 0)
         return segs[i:]
 
     def read(self, offset: int, max_records: Optional[int] = None,
@@ -307,6 +308,9 @@ def _decode_committed(buf, start: int, end: int, aborted, left: Optional[int], *
     """The records of ``buf[start:end]`` outside aborted transactions' batches (which are
     skipped, not decoded), at most ``left`` of them; and whether ``left`` cut them short (the
     range may hold more)."""
+    if not aborted:  # the whole range (committed_spans' answer), without building it
+        recs = _core.decode_records(buf, start, end, max_records=left, **kw)
+        return recs, left is not None and len(recs) == left
     out: list = []
     for s, e in committed_spans(buf, start, end, aborted):
         want = None if left is None else left - len(out)
