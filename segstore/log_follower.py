@@ -22,6 +22,8 @@ class ReadOnlyFollower:
 
     # (segment, lo, hi): tail bytes refreshes CRC-checked since the last read took them.
     _fresh_crc = None
+    # (names, their segment files) of the last listing: names are parsed only when they change.
+    _listing_memo = None
 
     def _take_fresh_crc(self):
         """The tail range refreshes CRC-checked since the last read, for that read only (later
@@ -59,6 +61,21 @@ class ReadOnlyFollower:
             segs = [s for s in segs if s.suffix == SWAP_SUFFIX or not lo <= s.base_offset < hi]
         return segs
 
+    def _segment_files(self) -> list:
+        """(base offset, suffix) of the directory's segment log files, sorted: a new listing
+        each call, whose names are parsed again only when they differ from the last call's
+        (the same names in the same order: the same segment files)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        memo = self._listing_memo
+        if memo is not None and memo[0] == names:
+            return memo[1]
+        listing = _segment_files_in(names)
+        self._listing_memo = (names, listing)
+        return listing
+
     def _refresh(self) -> None:
         """Read-only logs re-list the directory: new segments, vanished ones, the tail."""
         if not self.readonly or self._closed:
@@ -68,10 +85,10 @@ class ReadOnlyFollower:
             # segments: the segments are opened, then the directory listed again, until both
             # listings agree.
             prev = self._state.segments
-            listing = _segment_files(self.directory)
+            listing = self._segment_files()
             for _ in range(LISTING_ATTEMPTS):
                 segs = self._open_listed(listing)
-                again = _segment_files(self.directory)
+                again = self._segment_files()
                 if again == listing:
                     break
                 _close_unless_in(segs, prev)  # opened by this attempt
@@ -116,14 +133,10 @@ class ReadOnlyFollower:
             self._state = _State(tuple(segs), min(start, leo), leo)
 
 
-def _segment_files(directory: str) -> list:
-    """(base offset, suffix) of the directory's segment log files, sorted. A ``.log.swap`` is a
-    committed cleaned segment that has not yet taken its name (REF §2.2): it replaces every
-    ``.log`` whose base lies in its offset range, as the loader's phase 3 decides."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
+def _segment_files_in(names: list) -> list:
+    """(base offset, suffix) of the segment log files among ``names``, sorted. A ``.log.swap``
+    is a committed cleaned segment that has not yet taken its name (REF §2.2): it replaces
+    every ``.log`` whose base lies in its offset range, as the loader's phase 3 decides."""
     # Every read lists the directory twice: the suffix is tested first, so the other files
     # (indexes, snapshots) cost one slice each. A name ending in a kind's suffix after 20
     # characters is a segment file (is_segment_file) when those are digits.
