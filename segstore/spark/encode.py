@@ -58,12 +58,12 @@ def topic_info(store, topic: str) -> TopicInfo:
     codec = 0 if ct in ("producer", "uncompressed") else ct
     from ..compression import codec_id
 
-    return TopicInfo(partitions=store.num_partitions(topic),
+    count, hosted = store.num_partitions(topic), store.partitions_for(topic)
+    return TopicInfo(partitions=count,
                      max_batch_bytes=min(cfg.max_message_bytes, cfg.segment_bytes),
                      max_message_bytes=cfg.max_message_bytes, codec=codec_id(codec),
                      compact=cfg.compact, level=cfg.compression_level(codec_id(codec)),
-                     hosted=(None if store.partitions_for(topic) == list(range(
-                         store.num_partitions(topic))) else tuple(store.partitions_for(topic))))
+                     hosted=None if len(hosted) == count else tuple(hosted))
 
 
 def _check_keys(keys: Optional[BinaryColumn], rows, topic: str, partition: int) -> None:
