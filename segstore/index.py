@@ -21,6 +21,7 @@ import numpy as np
 
 from . import _core
 from .errors import CorruptIndexError, InvalidOffsetError
+from .segment_files import write_all
 
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
@@ -228,7 +229,7 @@ class _AbstractIndex:
         # pwrite's bytes through the same page cache.
         fd = os.open(self.path, os.O_WRONLY)
         try:
-            os.pwrite(fd, data, position)
+            write_all(fd, data, position, self.path)
         finally:
             os.close(fd)
         self._allocated = max(self._allocated, -(-end // _PAGE) * _PAGE)
@@ -242,7 +243,8 @@ class _AbstractIndex:
         self._write_at(self.entries * self.entry_size, entries.tobytes())
         self.entries += n
 
-    def _truncate_entries(self, entries: int) -> None:
+    def truncate_entries(self, entries: int) -> None:
+        """Keep only the first ``entries`` entries."""
         dropped = self.entries - entries
         self.entries = entries
         if dropped > 0 and self.writable:
@@ -308,7 +310,7 @@ class OffsetIndex(_AbstractIndex):
             keep = slot
         else:
             keep = slot + 1
-        self._truncate_entries(keep)
+        self.truncate_entries(keep)
 
 
 class TimeIndex(_AbstractIndex):
@@ -377,4 +379,4 @@ class TimeIndex(_AbstractIndex):
         keep = self.entries
         while keep and self.entry(keep - 1)[1] >= offset:
             keep -= 1
-        self._truncate_entries(keep)
+        self.truncate_entries(keep)

@@ -36,7 +36,7 @@ from .segment_indexing import SegmentIndexing, sealed_index_entries
 from .segment_truncation import SegmentTruncation
 from .segment_files import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
                             SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix,
-                            read_map, replace_suffix, segment_paths)
+                            read_map, replace_suffix, segment_paths, write_all)
 from .transaction_index import AbortedTxn, TransactionIndex
 
 __all__ = ["LogSegment", "sealed_index_entries", "Problem", "MAX_RELATIVE_OFFSET", "first_offsets", "consistent_prefix",
@@ -328,22 +328,40 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
                 f"offsets {first}..{last} cannot be stored relative to segment base "
                 f"{self.base_offset} (LogSegmentOffsetOverflow)")
         position = self.size
-        if self.size == 0:
-            self.rolling_based_timestamp = int(batches["max_timestamp"][0])
-        self._dirty = self._unsynced = True
-        self._modified_ms = self.clock()
-        written = os.pwrite(self._fd, data, position)
-        if written != len(data):
-            raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
-        self.size = position + len(data)
         max_ts, off_max = self.max_timestamp_so_far, self.offset_of_max_timestamp
-        last_time_ts = self.time_index.last_entry()[0] if self.time_index.entries else -1
-        offs, times, self.bytes_since_last_index_entry, max_ts, off_max = _core.sparse_index(
-            batches, self.base_offset, position, self.config.index_interval_bytes,
-            self.bytes_since_last_index_entry, max_ts, off_max, last_time_ts)
-        self._max_ts = (max_ts, off_max)
-        self.offset_index.append_entries(offs)
-        self.time_index.append_entries(times)
+        # What a failed append puts back: all or nothing in memory. The bytes it may have
+        # written past ``size`` are overwritten by the next append, or cut by close or recovery.
+        undo = (self.rolling_based_timestamp, self.bytes_since_last_index_entry, self._max_ts,
+                self.offset_index.entries, self.time_index.entries)
+        try:
+            if self.size == 0:
+                self.rolling_based_timestamp = int(batches["max_timestamp"][0])
+            self._dirty = self._unsynced = True
+            self._modified_ms = self.clock()
+            write_all(self._fd, data, position, self.log_path)
+            self.size = position + len(data)
+            last_time_ts = self.time_index.last_entry()[0] if self.time_index.entries else -1
+            offs, times, self.bytes_since_last_index_entry, max_ts, off_max = _core.sparse_index(
+                batches, self.base_offset, position, self.config.index_interval_bytes,
+                self.bytes_since_last_index_entry, max_ts, off_max, last_time_ts)
+            self._max_ts = (max_ts, off_max)
+            self.offset_index.append_entries(offs)
+            self.time_index.append_entries(times)
+        except BaseException:
+            self._undo_append(position, *undo)
+            raise
+
+    def _undo_append(self, size: int, rolling_ts, since_index, max_ts, offset_entries: int,
+                     time_entries: int) -> None:
+        """Put the segment back as it was before a failed :meth:`append`."""
+        self.size = size
+        self.rolling_based_timestamp = rolling_ts
+        self.bytes_since_last_index_entry = since_index
+        self._max_ts = max_ts
+        for index, entries in ((self.offset_index, offset_entries),
+                               (self.time_index, time_entries)):
+            if index.entries > entries:
+                index.truncate_entries(entries)
 
     # -- rolling ----------------------------------------------------------------------------
     def should_roll(self, incoming_bytes: int, incoming_max_ts: int, incoming_last_offset: int,

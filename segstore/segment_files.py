@@ -45,6 +45,19 @@ def replace_suffix(path: str, old: str, new: str) -> str:
     return path[:len(path) - len(old)] + new
 
 
+def write_all(fd: int, data, position: int, path: str) -> None:
+    """``pwrite`` all of ``data`` at ``position``, continuing after short writes; an OSError
+    (with its errno, e.g. ENOSPC, and ``path``) when the file takes no more."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        try:
+            done += os.pwrite(fd, view[done:], position + done)
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror} (writing {len(view) - done} bytes at "
+                                   f"{position + done})", path) from None
+
+
 def advise_huge_folios(mm: mmap.mmap) -> None:
     """Ask for huge folios under a shared map of a log file (``MADV_HUGEPAGE``).
 

@@ -22,6 +22,7 @@ import threading
 from typing import NamedTuple, Optional
 
 from .errors import CorruptIndexError, InvalidOffsetError
+from .segment_files import write_all
 
 ENTRY = struct.Struct(">hqqqq")
 ENTRY_SIZE = ENTRY.size  # 34
@@ -193,9 +194,7 @@ class TransactionIndex:
                     f"{self.path}")
             fd = self._open_locked()
             data = txn.to_bytes()
-            written = os.pwrite(fd, data, self._size)
-            if written != len(data):
-                raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+            write_all(fd, data, self._size, self.path)
             self._size += len(data)
             self._last, self._last_known = txn.last_offset, True
 
