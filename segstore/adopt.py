@@ -193,7 +193,7 @@ def adopt_files(lg, paths, validate_crc: bool = True) -> "AppendInfo":
         _step("checked")
         dev = os.stat(lg.directory).st_dev
         infos = []
-        with lg._lock:  # one contiguous range of offsets
+        with lg._lock, lg._going_offline_on_io_error():  # one contiguous range of offsets
             lg._check_writable()
             run: list = []
             for s in staged:

@@ -107,7 +107,7 @@ def append_columns(lg, values: BinaryColumn, keys: Optional[BinaryColumn], times
         timestamps_ms = _core.timestamp_array(timestamps_ms)
         if len(timestamps_ms) != n:
             raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {n} values")
-    with lg._lock:  # encoding at the log end offset: no copy to patch base offsets
+    with lg._lock, lg._going_offline_on_io_error():  # encoding at the log end offset
         lg._check_writable()
         now = lg.clock()
         ts = now if timestamps_ms is None else timestamps_ms

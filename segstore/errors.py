@@ -112,6 +112,14 @@ class ReadOnlyStoreError(SegstoreError):
     """A mutation on a store opened with ``readonly=True``."""
 
 
+class KafkaStorageError(SegstoreError, OSError):
+    """A partition log is offline after an I/O error (ENOSPC, EIO, a failed fsync) in the
+    middle of a write: Kafka's KafkaStorageException. The log refuses every later write
+    until the store is reopened, which recovers it from what is on disk; reads go on serving
+    what was appended before the failure. ``errno`` is the failed call's, and ``__cause__``
+    the OSError itself."""
+
+
 class CleaningAbortedError(SegstoreError):
     """A cleaning round was aborted (truncation, topic deletion, shutdown); nothing was swapped."""
 

@@ -18,8 +18,8 @@ from . import _core, log_validator
 from .checkpoint import fsync_dir
 from .columns import BinaryColumn
 from .compression import codec_id
-from .errors import (CorruptIndexError, InvalidRecordError, ReadOnlyStoreError, RecordTooLargeError,
-                     StoreClosedError, now_argument, offset_argument)
+from .errors import (CorruptIndexError, InvalidRecordError, ReadOnlyStoreError,
+                     RecordTooLargeError, StoreClosedError, now_argument, offset_argument)
 from .loader import load_segments
 from .producer_snapshots import (delete_snapshots_before, list_snapshots, load_producer_state,
                                  read_snapshot, take_snapshot)
@@ -27,6 +27,7 @@ from .producer_state import (ProducerStateManager, check_marker_fields, check_pr
                              stamp_log_append_time)
 from .records import RecordMetadata, TopicPartition
 from .log_deletion import LogDeletion
+from .log_dir_failure import LogDirFailure
 from .log_follower import ReadOnlyFollower
 from .log_isolation import readonly_first_unstable, readonly_producer_state, stable_bound
 from .log_reads import LogReads
@@ -53,7 +54,7 @@ class AppendInfo(NamedTuple):
 APPEND_ORIGINS = ("client", "coordinator", "replication")  # Kafka's AppendOrigin
 
 
-class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
+class PartitionLog(LogReads, LogDeletion, LogDirFailure, ReadOnlyFollower):
     """The log of one topic partition in ``directory`` (``<topic>-<partition>``).
 
     Created by :class:`segstore.store.LogStore`; ``config`` is the topic's TopicConfig,
@@ -75,6 +76,7 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         self.readonly = readonly
         self._lock = threading.RLock()
         self._closed = False
+        self._failure: Optional[OSError] = None  # the I/O error that took the log offline
         # Bumped by every truncation: a cleaner round that saw another value aborts its swap.
         self.truncations = 0
         # Called as fn(topic_partition, offset) after a truncation (the cleaner lowers its
@@ -177,6 +179,7 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         self._check_open()
         if self.readonly:
             raise ReadOnlyStoreError(f"log {self.topic}-{self.partition} is open read-only")
+        self._check_online()
 
     # -- appending --------------------------------------------------------------------------
     def append(self, value, key=None, headers=None, timestamp_ms=None) -> RecordMetadata:
@@ -338,7 +341,7 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
             raise RecordTooLargeError(
                 f"batch larger than segment.bytes={self.config.segment_bytes}")
         log_append = self.config.message_timestamp_type == "LogAppendTime"
-        with self._lock:
+        with self._lock, self._going_offline_on_io_error():
             self._check_writable()
             dup = self.producer_state.find_duplicate(batches) if origin == "client" else None
             if dup is not None:  # a retried batch: its first append's offsets, nothing written
@@ -467,7 +470,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         older segments are flushed, as Kafka's roll does, and a producer snapshot is written
         at the new base."""
         self._check_writable()
-        with self._lock:
+        with self._lock, self._going_offline_on_io_error():
+            self._check_writable()
             return self._roll_locked(self._state.log_end_offset)
 
     def _roll_locked(self, expected_next_offset: int, force: bool = False) -> LogSegment:
@@ -499,7 +503,8 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         self._check_writable()
         if offset is not None:
             offset = offset_argument(offset, "flush offset")
-        with self._lock:
+        with self._lock, self._going_offline_on_io_error():
+            self._check_writable()
             self._flush_locked(self._state.log_end_offset if offset is None else offset)
 
     def _flush_locked(self, offset: int) -> None:
@@ -528,9 +533,9 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
 
     def maybe_flush(self, now_ms: Optional[int] = None) -> None:
         """Flush if ``flush.ms`` has passed since the last flush (the periodic flusher)."""
-        if self.readonly or self._closed:
+        if self.readonly or self._closed or self._failure is not None:
             return
-        with self._lock:
+        with self._lock, self._going_offline_on_io_error():
             self._maybe_flush_locked(now_argument(now_ms, self.clock))
 
     def remove_expired_producers(self, now_ms: Optional[int] = None) -> list[int]:
@@ -585,13 +590,16 @@ class PartitionLog(LogReads, LogDeletion, ReadOnlyFollower):
         if self._closed:
             return
         with self._lock:
-            if not self.readonly:
-                self._flush_locked(self._state.log_end_offset)
-                # Read by the next open instead of replaying the log. An error propagates (like
-                # a failed flush): no clean-shutdown marker, so the next open replays.
-                if take_snapshot(self.producer_state, self.directory,
-                                 self._state.log_end_offset):
-                    fsync_dir(self.directory)
-            for s in self._state.segments:
-                s.close()
-            self._closed = True
+            try:
+                if not self.readonly and self._failure is None:
+                    with self._going_offline_on_io_error():
+                        self._flush_locked(self._state.log_end_offset)
+                        # Read by the next open instead of replaying the log. An error
+                        # propagates (like a failed flush): no clean-shutdown marker, so the
+                        # next open replays.
+                        if take_snapshot(self.producer_state, self.directory,
+                                         self._state.log_end_offset):
+                            fsync_dir(self.directory)
+            finally:
+                self._close_segments()
+                self._closed = True

@@ -26,7 +26,7 @@ from .checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                          create_marker, fsync_dir, write_atomic_many)
 from .config import StoreConfig, TopicConfig
 from .errors import (BufferTypeError, InvalidConfigError, InvalidRecordError, InvalidTopicError,
-                     OffsetTypeError, ReadOnlyStoreError, StoreClosedError,
+                     KafkaStorageError, OffsetTypeError, ReadOnlyStoreError, StoreClosedError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError, is_time_ms,
                      now_argument, offset_argument)
 from .file_lock import FileLock
@@ -39,6 +39,7 @@ from .topic import (discover_topics, hosted_partitions, remove_topic_meta, topic
 from .cleaner import LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 from .segment_delete_queue import SegmentDeleteQueue
+from .store_services import ScheduledTasks
 
 log = logging.getLogger("segstore.store")
 
@@ -51,7 +52,7 @@ def _system_clock() -> int:
     return int(time.time() * 1000)
 
 
-class LogStore:
+class LogStore(ScheduledTasks):
     """Topics and partitions under one root directory. Use :func:`segstore.open`."""
 
     def __init__(self, path: str, config: Optional[Mapping] = None,
@@ -374,33 +375,6 @@ class LogStore:
         return {tp: self.partition(*tp).offset_for_time(ts)
                 for tp, ts in zip(topic_partitions(timestamps.keys()), timestamps.values())}
 
-    # -- services ---------------------------------------------------------------------------
-    def tick(self, now_ms: Optional[int] = None) -> None:
-        """Run what the background services do, once: flush by ``flush.ms``, write
-        checkpoints when due, run retention every ``log.retention.check.interval.ms`` (the
-        first pass 30 s after opening, or one interval if shorter), expire idle producers every
-        ``producer.id.expiration.check.interval.ms`` and delete ``.deleted`` segments whose
-        delay has passed."""
-        if self.readonly or self._closed:
-            return
-        now = now_argument(now_ms, self.clock)
-        for lg in list(self._logs.values()):
-            lg.maybe_flush(now)
-        interval = min(self.config["log.flush.offset.checkpoint.interval.ms"],
-                       self.config["log.flush.start.offset.checkpoint.interval.ms"])
-        if now - self._last_checkpoint_ms >= interval:
-            self.write_checkpoints()
-            self._last_checkpoint_ms = now
-        if now >= self._next_retention_ms:
-            self._next_retention_ms = now + self.config.retention_check_interval_ms
-            # Running cleaner threads do compacted logs' retention after each round (REF §6.2).
-            self.enforce_retention(now_ms=now, include_compacted=not self.cleaner.running)
-        if now >= self._next_expiration_ms:
-            self._next_expiration_ms = now + self.config.producer_id_expiration_check_interval_ms
-            for lg in list(self._logs.values()):
-                lg.remove_expired_producers(now)
-        self._deletes.delete_due(now)
-
     def enforce_retention(self, now_ms: Optional[int] = None, dry_run: bool = False, *,
                           include_compacted: bool = True) -> RetentionReport:
         """Delete old segments by ``retention.ms``, ``retention.bytes`` and the log start offset
@@ -509,25 +483,6 @@ class LogStore:
         for lg in logs.values():  # recovery now starts at these points
             lg.delete_old_snapshots()
 
-    def start_services(self) -> None:
-        """Start the background thread that runs :meth:`tick` (flusher, checkpoints, retention,
-        producer expiration, deletes) and the ``log.cleaner.threads`` cleaner threads."""
-        self._check_writable()
-        if self._services:
-            return
-        self.cleaner.start()
-        period = max(0.05, min(1.0, self.config["log.flush.scheduler.interval.ms"] / 1000.0))
-
-        def run():
-            while not self._stop.wait(period):
-                try:
-                    self.tick()
-                except Exception:  # a service error must never kill the store
-                    log.exception("segstore background service failed")
-        t = threading.Thread(target=run, name="segstore-services", daemon=True)
-        t.start()
-        self._services.append(t)
-
     def verify(self) -> list:
         """A full CRC, index and producer-snapshot check of every partition: a list of
         ``Problem`` (file, position, message), empty when the store is sound. Nothing is
@@ -554,7 +509,11 @@ class LogStore:
     def close(self) -> None:
         """Stop services, flush and close every log (each writes a producer snapshot at its log
         end), delete the ``.deleted`` files still waiting, write checkpoints and the
-        clean-shutdown marker, release the lock. Safe to call twice."""
+        clean-shutdown marker, release the lock. Safe to call twice.
+
+        A log an I/O error took offline is closed without a flush, and no clean-shutdown
+        marker is written, so the next open recovers it. When a log goes offline while closing,
+        everything is still closed, then its KafkaStorageError is raised."""
         if self._closed:
             return
         self._stop.set()
@@ -564,12 +523,22 @@ class LogStore:
         self.cleaner.release_memory()
         with self._lock:
             if not self.readonly:
+                failures = []
                 for lg in self._logs.values():
-                    lg.close()
+                    try:
+                        lg.close()
+                    except KafkaStorageError as e:  # the others are still closed
+                        failures.append(e)
                 self._deletes.delete_due(None)
                 self.write_checkpoints()
-                create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
+                # An offline log's files may disagree with its recovery point: the next open
+                # must recover, as after a crash.
+                if not any(lg.offline for lg in self._logs.values()):
+                    create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
                 self._file_lock.release()
+                self._closed = True
+                if failures:
+                    raise failures[0]
             else:
                 for lg in self._logs.values():
                     lg.close()
