@@ -162,14 +162,8 @@ class Cleaner(OffsetMapBuild):
                              forced=ltc.forced)
         log.info("Beginning cleaning of log %s", _name(lg))
         log.info("Building offset map for %s...", _name(lg))
-        self.build_offset_map(lg, first_dirty, upper, stats)
-        if self.offset_map.latest_offset < first_dirty:
-            # Nothing dirty (a purge round): the clean section is rewritten with an empty map,
-            # which keeps every record but drops tombstones and markers past their horizon.
-            self.offset_map.update_latest_offset(first_dirty - 1)
-        end_offset = self.offset_map.latest_offset + 1
+        end_offset = self.map_dirty_section(lg, first_dirty, upper, stats)
         stats.map_complete_time = _wall_ms()
-        stats.end_offset = end_offset
         log.info("Offset map for log %s complete.", _name(lg))
         log.info("Cleaning log %s (cleaning prior to %s, discarding tombstones prior to upper "
                  "bound deletion horizon %s)...", _name(lg), end_offset, legacy_horizon)

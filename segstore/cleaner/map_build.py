@@ -55,6 +55,20 @@ class OffsetMapBuild:
     def _init_map_build(self) -> None:
         self._crc_checked: set = set()
         self._table_hint: dict = {}   # TopicPartition -> table size its last map build grew to
+        # Whether a round that stops on a full map counts the dirty section's distinct keys
+        # for the sizing advice (a decode of the rest of the section; a dry run needs it once).
+        self.size_advice = True
+
+    def map_dirty_section(self, lg, first_dirty: int, upper: int, stats: CleanerStats) -> int:
+        """Build the round's offset map over [first_dirty, upper) and return the round's end
+        offset (REF §6.4 step 3): where the next round's dirty section starts."""
+        self.build_offset_map(lg, first_dirty, upper, stats)
+        if self.offset_map.latest_offset < first_dirty:
+            # Nothing dirty (a purge round): the clean section is rewritten with an empty map,
+            # which keeps every record but drops tombstones and markers past their horizon.
+            self.offset_map.update_latest_offset(first_dirty - 1)
+        stats.end_offset = self.offset_map.latest_offset + 1
+        return stats.end_offset
 
     def build_offset_map(self, lg, start: int, end: int, stats: CleanerStats) -> None:
         """Map keys of [start, end) to their latest offsets, stopping when the map is full."""
@@ -76,8 +90,10 @@ class OffsetMapBuild:
                     break
                 omap.update_latest_offset(nxt - 1)
         self._table_hint[tp] = omap.table_slots
-        if full:
-            stats.wanted_buffer_bytes = self._wanted_buffer(lg, dirty, start, end)
+        if full and self.size_advice:
+            stats.dirty_keys = distinct_keys(dirty, start, end)
+            stats.wanted_buffer_bytes = dedupe_buffer_for(
+                stats.dirty_keys, omap.load_factor, omap.bytes_per_entry)
             log.info("Offset map of %s filled up at offset %d: a dedupe buffer of %d bytes "
                      "(log.cleaner.dedupe.buffer.size, per thread) would have covered the whole "
                      "dirty section [%d, %d)", _name(lg), omap.latest_offset,
@@ -228,20 +244,6 @@ class OffsetMapBuild:
             self._crc_checked.add(id(seg))
         return False
 
-    def _wanted_buffer(self, lg, dirty, start: int, end: int) -> int:
-        """Bytes of dedupe buffer that would hold every distinct key of [start, end) at the
-        load factor: the sizing advice logged when a round stops on a full map."""
-        digests = [np.empty((0, 2), dtype=np.uint64)]
-        for seg in dirty:
-            if seg.size == 0:
-                continue
-            cols = _core.decode_columns(seg.buffer(seg.size), 0, seg.size, min_offset=start,
-                                        end_offset=end, validate_crc=False)
-            digests.append(_core.murmur3_128_digests(cols.keys))
-        keys = len(_core.distinct_digests(np.concatenate(digests)))
-        return dedupe_buffer_for(keys, self.offset_map.load_factor,
-                                 self.offset_map.bytes_per_entry)
-
     @staticmethod
     def _next_batch_end(seg, mm, pos: int, size: int) -> int:
         # A chunk without one complete batch: the next batch is larger than the chunk. Its
@@ -257,6 +259,21 @@ class OffsetMapBuild:
         log.info("Growing cleaner I/O buffers from %d bytes to %d bytes.", size - pos,
                  declared)
         return pos + declared
+
+
+def distinct_keys(dirty: list, start: int, end: int) -> int:
+    """Distinct keys (by MurmurHash3 digest, as the map compares them) of the records of
+    ``dirty`` (segments) in [start, end): what a map covering the section must hold. Counted a
+    segment at a time, so memory stays at the distinct digests plus one segment's."""
+    seen = np.empty((0, 2), dtype=np.uint64)
+    for seg in dirty:
+        if seg.size == 0:
+            continue
+        cols = _core.decode_columns(seg.buffer(seg.size), 0, seg.size, min_offset=start,
+                                    end_offset=end, validate_crc=False)
+        seen = _core.distinct_digests(np.concatenate(
+            [seen, _core.murmur3_128_digests(cols.keys)]))
+    return len(seen)
 
 
 def dedupe_buffer_for(keys: int, load_factor: float, bytes_per_entry: int = 24) -> int:

@@ -66,20 +66,26 @@ class LogCleaner:
             per = MAX_MAP_BYTES
         return per
 
-    def worker(self, thread_id: int, lg) -> Cleaner:
-        """The Cleaner of ``thread_id`` for the log's compaction strategy (maps kept per
-        thread, as Kafka keeps one per thread; a strategy map keeps 32-byte entries)."""
+    def map_parameters(self, lg) -> tuple:
+        """``(memory, load factor, strategy, header)`` of a cleaner thread's offset map for
+        the log's compaction strategy: the arguments of ``OffsetMap`` (and of
+        ``spare_memory.new_map``)."""
         cfg = lg.config
         strategy = cfg.compaction_strategy
         header = cfg.compaction_strategy_header if strategy == "header" else None
-        key = (strategy, header)
+        return (self.map_bytes_per_thread(),
+                float(self.config["log.cleaner.io.buffer.load.factor"]), strategy, header)
+
+    def worker(self, thread_id: int, lg) -> Cleaner:
+        """The Cleaner of ``thread_id`` for the log's compaction strategy (maps kept per
+        thread, as Kafka keeps one per thread; a strategy map keeps 32-byte entries)."""
+        params = self.map_parameters(lg)
+        key = params[2:]   # (strategy, header)
         with self._workers_lock:
             mine = self._workers.setdefault(thread_id, {})
             worker = mine.get(key)
             if worker is None:
-                omap = spare_memory.new_map(
-                    self.map_bytes_per_thread(),
-                    float(self.config["log.cleaner.io.buffer.load.factor"]), strategy, header)
+                omap = spare_memory.new_map(*params)
                 io = int(self.config["log.cleaner.io.buffer.size"]) // self.num_threads // 2
                 # One cleaner thread may borrow a second core for its map build; several
                 # threads use the cores themselves (cleaner/map_helper.py).
@@ -158,8 +164,8 @@ class LogCleaner:
                             raise StoreClosedError("the store was closed during compact()")
                         break
                     results.append(stats)
-                    if not stats.map_full or stats.end_offset == last_end:
-                        break  # done, or a full map made no progress
+                    if not another_round(stats, last_end):
+                        break
                     last_end = stats.end_offset
         finally:
             self.release_on_demand_id(worker)
@@ -305,6 +311,13 @@ class LogCleaner:
             "uncleanable-partitions-count": len(self.manager.uncleanable),
             "uncleanable-bytes": self.manager.uncleanable_bytes(),
         }
+
+
+def another_round(stats: CleanerStats, last_end: Optional[int]) -> bool:
+    """Whether an on-demand clean (``clean_now``) tries another round of a partition after
+    the round of ``stats`` (the round before it ended at ``last_end``): only when the map
+    filled up, and made progress."""
+    return stats.map_full and stats.end_offset != last_end
 
 
 def _spare(workers: dict) -> None:

@@ -41,6 +41,7 @@ class CleanerStats:
     segments_cleaned: int = 0        # source segments rewritten
     segments_written: int = 0        # cleaned segments swapped in
     wanted_buffer_bytes: Optional[int] = None  # dedupe buffer that would cover the dirty section
+    dirty_keys: Optional[int] = None  # its distinct keys (counted when the map filled up)
     forced: bool = False
 
     @property
