@@ -9,7 +9,8 @@ dirty segments first, as the map build does, then the clean ones.
 
 The prediction is exact but for one case: a round whose offset map fills up stops early, and
 without ``--force`` a partition that is then no longer eligible is not cleaned further, so
-damage past where that round stopped goes unread by the real run.
+damage past where that round stopped goes unread by the real run. Where each round's map
+stops is foreseen by ``cleaner/map_preview.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..cleaner.manager import segments_in_range
+from ..cleaner.manager import LogToClean, segments_in_range
 from ..errors import CorruptIndexError, CorruptRecordError
 from ..records import TopicPartition
 
@@ -33,11 +34,13 @@ class Outcome:
 
     ``action`` is "clean", "skip" or "fail"; ``details`` the cleaner manager's ``describe``
     of the partition (None when damage kept it from being computed); ``error`` the damage a
-    cleaning would stop at (None unless ``action`` is "fail")."""
+    cleaning would stop at (None unless ``action`` is "fail"); ``log_to_clean`` the range a
+    cleaning would take (set when ``action`` is "clean")."""
 
     action: str
     details: Optional[dict]
     error: Optional[Exception] = None
+    log_to_clean: Optional[LogToClean] = None
 
     @property
     def failure(self) -> Optional[str]:
@@ -117,4 +120,4 @@ def predict(store, topic: str, partition: int, now: int, *, force: bool,
         error = first_damage(lg, ltc)
         if error is not None:
             return Outcome("fail", details, error)
-    return Outcome("clean", details)
+    return Outcome("clean", details, log_to_clean=ltc)

@@ -9,6 +9,7 @@ import sys
 
 from .. import _core
 from ..checkpoint import CLEAN_SHUTDOWN_FILE
+from ..cleaner.map_preview import MapPreviewer
 from ._common import (CommandError, UsageError, add_store_options, iter_partitions, open_store,
                       print_json, progress, time_ms)
 from .clean_check import DAMAGE_ERRORS, Outcome, predict
@@ -43,7 +44,8 @@ def register(subparsers) -> None:
                     "corrupt batch is reported and the others are still cleaned; the exit "
                     "status is then 1. --dry-run changes nothing and says what the real run "
                     "would do: clean, skip or fail (it reads every batch a cleaning would read "
-                    "and checks its CRC).")
+                    "and checks its CRC), and, when the offset map would fill up, where each "
+                    "round would stop and the dedupe buffer that needs one round.")
     add_store_options(p)
     p.add_argument("--topic", default=None, help="only this topic")
     p.add_argument("--partition", type=int, default=None, help="only this partition (needs "
@@ -266,6 +268,46 @@ def _compacted_partitions(store, args) -> list:
     return parts
 
 
+_MAP_KEYS = ("map_full", "clean_end_offset", "round_ends", "later_rounds_if_still_due",
+             "dirty_keys", "map_capacity", "dedupe_buffer_size", "wanted_dedupe_buffer_size")
+
+
+def _map_fields(preview, force: bool) -> dict:
+    """A dry-run entry's offset-map fields (all None for a partition that would not be
+    cleaned): where each round's map stops, and the buffer that would need one round."""
+    if preview is None:
+        return dict.fromkeys(_MAP_KEYS)
+    ends = [end for _, end in preview.rounds]
+    return {"map_full": preview.map_full, "clean_end_offset": preview.clean_end_offset,
+            "round_ends": ends,
+            # Without --force, clean_now asks again after each round whether the partition
+            # is due, on sizes only the filter's output decides.
+            "later_rounds_if_still_due": not force and len(ends) > 1,
+            "dirty_keys": preview.dirty_keys, "map_capacity": preview.capacity,
+            "dedupe_buffer_size": preview.buffer_size,
+            "wanted_dedupe_buffer_size": preview.wanted_buffer_size}
+
+
+def _map_full_text(e: dict) -> list:
+    """The dry run's lines about a partition whose first offset map fills up."""
+    lines = [f"  the offset map fills up: the dirty section holds {_n(e['dirty_keys'])} "
+             f"distinct keys, one round's map holds {_n(e['map_capacity'])} "
+             f"(log.cleaner.dedupe.buffer.size {_n(e['dedupe_buffer_size'])}); the first round "
+             f"cleans [{e['first_dirty_offset']}, {e['clean_end_offset']})"]
+    later = e["round_ends"][1:]
+    if later:
+        lines.append(f"  then rounds ending at {', '.join(map(str, later))}"
+                     + (" while the partition is still due after each (its dirty ratio is "
+                        "recomputed)" if e["later_rounds_if_still_due"] else "")
+                     + "; every round rewrites the log up to its end")
+    wanted = e["wanted_dedupe_buffer_size"]
+    lines.append(f"  log.cleaner.dedupe.buffer.size={wanted} would clean it in one round"
+                 if wanted is not None else
+                 "  no dedupe buffer cleans it in one round (a thread's map is capped at 2 GiB): "
+                 "use more partitions")
+    return lines
+
+
 def _compact_dry_run(args) -> int:
     """What ``compact`` would do, per partition, reading every batch a cleaning would read;
     exit 1 when a cleaning would fail, as the real run does."""
@@ -273,14 +315,25 @@ def _compact_dry_run(args) -> int:
     with open_store(args) as store:
         now = store.clock() if args.now_ms is None else args.now_ms
         parts = _compacted_partitions(store, args)
-        with progress(args, len(parts), "compact --dry-run", unit=" partitions") as bar:
-            for t, p in parts:
-                o = predict(store, t, p, now, force=args.force)
-                d = o.details or {}
-                plan.append({"topic": t, "partition": p, "would_clean": o.action == "clean",
-                             "would_fail": o.error_json(),
-                             **{k: _plain(d.get(k)) for k in _DESCRIBE_KEYS}})
-                bar.advance(1, f"{t}-{p}")
+        previewer = MapPreviewer(store.cleaner)
+        try:
+            with progress(args, len(parts), "compact --dry-run", unit=" partitions") as bar:
+                for t, p in parts:
+                    o = predict(store, t, p, now, force=args.force)
+                    preview = None
+                    if o.action == "clean":
+                        try:
+                            preview = previewer.preview(o.log_to_clean)
+                        except DAMAGE_ERRORS as e:  # read before: only if the files changed
+                            o = Outcome("fail", o.details, e)
+                    d = o.details or {}
+                    plan.append({"topic": t, "partition": p, "would_clean": o.action == "clean",
+                                 "would_fail": o.error_json(),
+                                 **{k: _plain(d.get(k)) for k in _DESCRIBE_KEYS},
+                                 **_map_fields(preview, args.force)})
+                    bar.advance(1, f"{t}-{p}")
+        finally:
+            previewer.close()
     failing = sum(e["would_fail"] is not None for e in plan)
     status = 1 if failing else 0
     # Without the marker the real run's writable open first runs crash recovery, which this
@@ -303,6 +356,8 @@ def _compact_dry_run(args) -> int:
             print(f"would clean {name}: dirty section [{e['first_dirty_offset']}, "
                   f"{e['first_uncleanable_offset']}), {_n(e['cleanable_bytes'])} dirty bytes "
                   f"({why})")
+            if e["map_full"]:
+                print("\n".join(_map_full_text(e)))
         else:
             print(f"would skip {name}: {e['reason']}")
     cleaned = sum(e["would_clean"] for e in plan)
