@@ -3,6 +3,7 @@ truncateFullyAndStartAt), DeleteRecords, retention's segment deletion and the cl
 
 A mixin of :class:`segstore.log.PartitionLog`: every method holds the log's lock and replaces
 its snapshot state (``self._state``) in one assignment, so readers see the log before or after.
+An I/O error part way (a rename, an unlink) takes the log offline (segstore/log_dir_failure.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class LogDeletion:
         offset = offset_argument(offset, "truncate_to offset")
         if offset < 0:
             raise InvalidOffsetError(f"cannot truncate to a negative offset {offset}")
-        with self._lock:
+        with self._lock, self._going_offline_on_io_error():
             st = self._state
             if offset >= st.log_end_offset:
                 return
@@ -65,7 +66,7 @@ class LogDeletion:
         if not 0 <= new_offset < 1 << 63:
             raise InvalidOffsetError(f"cannot start a log at offset {new_offset}: offsets are "
                                      f"from 0 to 2**63 - 1")
-        with self._lock:
+        with self._lock, self._going_offline_on_io_error():
             self._truncate_fully_locked(new_offset, new_offset)
 
     def _truncate_fully_locked(self, new_offset: int, log_start: int) -> None:
@@ -91,7 +92,7 @@ class LogDeletion:
         the next retention pass (segments wholly below the new start)."""
         self._check_writable()
         before_offset = offset_argument(before_offset, "delete_records offset")
-        with self._lock:
+        with self._lock, self._going_offline_on_io_error():
             st = self._state
             if before_offset > st.log_end_offset or before_offset < 0:
                 raise OffsetOutOfRangeError(
@@ -111,7 +112,7 @@ class LogDeletion:
         if new_log_start is not None:
             new_log_start = offset_argument(new_log_start, "new_log_start")
         segments = _segment_list(segments, "segments")
-        with self._lock:
+        with self._lock, self._going_offline_on_io_error():
             st = self._state
             live = {id(s) for s in st.segments}
             for s in segments:

@@ -41,7 +41,8 @@ def replace_segments(lg, new_segments, old_segments, *,
     (segstore/flusher.py) and returned: the swap is durable once it has been waited for.
     """
     new = sorted(new_segments, key=lambda sg: sg.base_offset)
-    with lg._lock:
+    # An I/O error between the renames leaves the files and the log's state apart: offline.
+    with lg._lock, lg._going_offline_on_io_error():
         if expected_truncations is not None and expected_truncations != lg.truncations:
             raise CleaningAbortedError(
                 f"{lg.topic}-{lg.partition} was truncated while it was being cleaned")

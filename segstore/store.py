@@ -402,6 +402,9 @@ class LogStore(ScheduledTasks):
         for tp, lg in logs:
             if not include_compacted and lg.config.compact:
                 continue
+            if lg.offline and not dry_run:  # said once when it went offline, not every pass
+                report.errors[tp] = f"KafkaStorageError: log {tp.topic}-{tp.partition} is offline"
+                continue
             try:
                 # The store's lock before the log's, the order delete_topic and close take them:
                 # deleting segments schedules them on the store's queue (the store's lock) while

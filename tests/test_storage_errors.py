@@ -297,3 +297,76 @@ def test_column_appends_and_adoption_go_offline_too(tmp_path, monkeypatch):
         lg.adopt_segment_file(staged)
     assert os.path.exists(staged)   # refused before anything was done with it
     store.close()
+
+
+def _compacted_offline_store(path):
+    clock = FakeClock()
+    store = segstore.open(path, clock=clock)
+    store.create_topic("c", 1, config={"cleanup.policy": "compact", "segment.bytes": 2000,
+                                       "min.cleanable.dirty.ratio": 0.01})
+    lg = store.partition("c", 0)
+    for i in range(40):
+        lg.append_batch([b"v%d" % i + b"." * 100], [b"k%d" % (i % 3)])
+    return store, lg, clock
+
+
+def test_a_failed_rename_in_the_cleaner_swap_takes_the_log_offline(tmp_path, monkeypatch):
+    """The swap renames .cleaned -> .swap, the old segments -> .deleted, then drops .swap: an
+    error between them leaves the files and the log's state apart."""
+    from segstore.segment import LogSegment
+    path = str(tmp_path)
+    store, lg, _ = _compacted_offline_store(path)
+    before = [(r.offset, r.key, r.value) for r in lg.iter_records(0)]
+    real = LogSegment.change_file_suffixes
+    calls = []
+
+    def second_rename_fails(self, old, new):
+        calls.append((old, new))
+        if len(calls) == 2:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(self, old, new)
+
+    monkeypatch.setattr(LogSegment, "change_file_suffixes", second_rename_fails)
+    with pytest.raises(KafkaStorageError):
+        store.compact("c", force=True)
+    monkeypatch.undo()
+    assert lg.offline
+    with pytest.raises(KafkaStorageError, match="offline"):
+        store.compact("c", force=True)   # refused before a round's work
+    store.close()
+    store = segstore.open(path, clock=FakeClock())
+    lg = store.partition("c", 0)
+    after = {}
+    for r in lg.iter_records(0):
+        after[r.key] = r.value
+    # Whatever the recovery kept or completed, the latest value of every key is there.
+    latest = {}
+    for _, k, v in before:
+        latest[k] = v
+    assert after == latest
+    assert store.verify() == []
+    store.compact("c", force=True)
+    assert {r.key: r.value for r in lg.iter_records(0)} == latest
+    store.close()
+
+
+def test_offline_logs_are_left_alone_by_retention_and_the_cleaner_threads(tmp_path, monkeypatch):
+    path = str(tmp_path)
+    store, lg, clock = _compacted_offline_store(path)
+    store.create_topic("d", 1, config={"retention.ms": 1000, "segment.bytes": 2000})
+    d = store.partition("d", 0)
+    for i in range(40):
+        d.append_batch([b"." * 100], [b"k"])
+    monkeypatch.setattr(segment_files.os, "pwrite", _enospc)
+    for log_ in (lg, d):
+        with pytest.raises(KafkaStorageError):
+            log_.append_batch([b"x"], [b"k"])
+    monkeypatch.undo()
+    clock.advance(10_000_000)
+    segments = len(d.segments)
+    report = store.enforce_retention()
+    assert "offline" in report.errors[d.topic_partition]
+    assert len(d.segments) == segments   # nothing deleted
+    assert store.cleaner_manager.grab_filthiest_compacted_log() is None
+    assert store.cleaner_manager.deletable_logs() == []
+    store.close()

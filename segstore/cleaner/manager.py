@@ -266,7 +266,7 @@ class LogCleanerManager:
             candidates = []
             for tp, lg in self._logs().items():
                 if (not lg.config.compact or tp in self._states or tp in self.uncleanable
-                        or lg.closed):
+                        or lg.closed or lg.offline):
                     continue
                 try:
                     ltc = self.log_to_clean(lg, cps.get(tp), now)
@@ -309,6 +309,7 @@ class LogCleanerManager:
             lg = self._logs().get(tp)
             if lg is None:
                 return None
+            lg._check_online()   # its swap would be refused: say so before the round's work
             while tp in self._states and self._states[tp] in (IN_PROGRESS, ABORTED):
                 self._lock.wait(0.1)   # a cleaner thread has it: wait for its round
             if tp in self._states:     # paused
@@ -344,7 +345,8 @@ class LogCleanerManager:
         with self._lock:
             out = []
             for tp, lg in self._logs().items():
-                if lg.config.compact and tp not in self._states and tp not in self.uncleanable:
+                if (lg.config.compact and tp not in self._states and tp not in self.uncleanable
+                        and not lg.offline):
                     self._states[tp] = IN_PROGRESS
                     out.append((tp, lg))
             return out
