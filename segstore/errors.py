@@ -101,7 +101,25 @@ class StoreLockedError(SegstoreError):
 
 class CorruptMetadataError(SegstoreError):
     """A store's own metadata file (``.segstore/topics/<topic>.json``) cannot be read; the
-    message names the file and what is wrong with it."""
+    message names the file and what is wrong with it.
+
+    ``file`` is the file, ``reason`` what is wrong with it and ``topic`` the topic it
+    describes (from the file's name), when known. A writable open refuses such a store; a
+    read-only one sets the topic aside and raises this error when it is used.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, reason: str | None = None,
+                 topic: str | None = None):
+        self.file = file
+        self.reason = reason
+        self.topic = topic
+        super().__init__(message)
+
+
+class InvalidTopicMetadataConfigError(CorruptMetadataError, InvalidConfigError):
+    """A topic metadata file whose config overrides this store rejects (an unknown key, a
+    value out of range): a CorruptMetadataError, and an InvalidConfigError as it was before
+    damaged topics were set aside."""
 
 
 class StoreClosedError(SegstoreError):

@@ -33,9 +33,10 @@ from .file_lock import FileLock
 from .log import PartitionLog
 from .log_isolation import read_committed
 from .records import RecordMetadata, TopicPartition
-from .topic import (discover_topics, hosted_partitions, remove_topic_meta, topic_meta_dir,
-                    topic_partitions, validate_partition_count, validate_topic_name,
-                    write_topic_meta)
+from .segment_checks import Problem
+from .topic import (damaged_topic_error, discover_topics, hosted_partitions, remove_topic_meta,
+                    topic_meta_dir, topic_partitions, validate_partition_count,
+                    validate_topic_name, writable_open_error, write_topic_meta)
 from .cleaner import LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 from .segment_delete_queue import SegmentDeleteQueue
@@ -74,6 +75,7 @@ class LogStore(ScheduledTasks):
         self._file_lock = FileLock(self.path)
         self._topics: dict[str, dict] = {}        # name -> {"partitions": n, "config": TopicConfig}
         self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._damaged: dict = {}  # name -> CorruptMetadataError, see _discover
         self._deletes = SegmentDeleteQueue(self.clock)  # ``.deleted`` segments awaiting removal
         self._round_robin = itertools.count()
         self._services: list[threading.Thread] = []
@@ -99,12 +101,13 @@ class LogStore(ScheduledTasks):
         os.makedirs(topic_meta_dir(self.path), exist_ok=True)
         self._file_lock.acquire()
         try:
+            topics = self._discover()  # before the marker goes: a refused open changes nothing
             marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
             clean = os.path.exists(marker)
             if clean:
                 os.unlink(marker)  # a crash while loading must count as unclean (KAFKA-10471)
                 fsync_dir(self.path)
-            self._load(clean_shutdown=clean)
+            self._load(clean_shutdown=clean, topics=topics)
         except BaseException:
             self._file_lock.release()
             raise
@@ -125,12 +128,26 @@ class LogStore(ScheduledTasks):
             log.warning("ignoring %s%s", e, instead)
             return {}
 
-    def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None) -> None:
+    def _discover(self) -> dict:
+        """The topics on disk. A topic whose metadata file cannot be read makes a writable
+        store refuse to open (it cannot run without that topic, nor guess its config); a
+        read-only one sets it aside."""
+        defaults = self.config.topic_defaults()
+        topics, damaged = discover_topics(
+            self.path, lambda overrides: TopicConfig.from_dict(overrides, defaults=defaults))
+        if damaged and not self.readonly:
+            raise writable_open_error(self.path, damaged)
+        for name in sorted(set(damaged) - set(self._damaged)):  # once, not at every reload
+            log.warning("%s", damaged_topic_error(damaged[name]))
+        self._damaged = damaged
+        return topics
+
+    def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None,
+              topics: Optional[dict] = None) -> None:
+        topics = self._discover() if topics is None else topics
         recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT, clean_shutdown)
         starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT, clean_shutdown)
-        defaults = self.config.topic_defaults()
-        self._topics.update(discover_topics(
-            self.path, lambda overrides: TopicConfig.from_dict(overrides, defaults=defaults)))
+        self._topics.update(topics)
         for topic, meta in self._topics.items():
             for p in hosted_partitions(meta):
                 tp = TopicPartition(topic, p)
@@ -239,6 +256,8 @@ class LogStore(ScheduledTasks):
             raise InvalidTopicError(f"a topic name is a str, not {type(name).__name__}")
         if self.readonly and name not in self._topics:
             self._reload_readonly()
+        if name in self._damaged:
+            raise damaged_topic_error(self._damaged[name])
         try:
             return self._topics[name]
         except KeyError:
@@ -255,11 +274,21 @@ class LogStore(ScheduledTasks):
                     lg.close()
 
     def list_topics(self) -> list[str]:
-        """Names of every topic, sorted."""
+        """Names of every topic, sorted (not those set aside, see :meth:`damaged_topics`)."""
         self._check_open()
         if self.readonly:
             self._reload_readonly()
         return sorted(self._topics)
+
+    def damaged_topics(self) -> dict:
+        """Topics set aside because their metadata file cannot be read, ``{name:
+        CorruptMetadataError}`` (its ``file`` and ``reason``); :meth:`list_topics` leaves them
+        out and using one raises the error. Only a read-only store has any: a writable open
+        refuses a store with one."""
+        self._check_open()
+        if self.readonly:
+            self._reload_readonly()
+        return dict(self._damaged)
 
     def topic_config(self, name: str) -> TopicConfig:
         """A topic's effective configuration."""
@@ -488,10 +517,12 @@ class LogStore(ScheduledTasks):
 
     def verify(self) -> list:
         """A full CRC, index and producer-snapshot check of every partition: a list of
-        ``Problem`` (file, position, message), empty when the store is sound. Nothing is
-        changed."""
+        ``Problem`` (file, position, message), empty when the store is sound; a damaged
+        topic metadata file is one (its topic is set aside, see :meth:`damaged_topics`).
+        Nothing is changed."""
         self._check_open()
-        problems = []
+        problems = [Problem(e.file, -1, str(damaged_topic_error(e)))
+                    for _, e in sorted(self._damaged.items())]
         for tp in sorted(self._logs):
             problems.extend(self._logs[tp].verify())
         return problems
@@ -566,7 +597,8 @@ def open(path: str, config: Optional[Mapping] = None, clock: Optional[Callable[[
     (FileNotFoundError when ``path`` does not exist) and reads safely while another process
     writes. A writable open takes ``<path>/.lock`` (StoreLockedError while another writer holds
     it) and recovers the logs if the last close was not clean. A topic metadata file that
-    cannot be read raises CorruptMetadataError, one with invalid config overrides
-    InvalidConfigError; both name the file.
+    cannot be read makes a writable open raise CorruptMetadataError naming the file, what is
+    wrong and the fix (InvalidTopicMetadataConfigError, an InvalidConfigError too, for invalid
+    config overrides); a read-only open sets that topic aside (:meth:`LogStore.damaged_topics`).
     """
     return LogStore(path, config=config, clock=clock, readonly=readonly)

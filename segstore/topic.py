@@ -11,10 +11,11 @@ import json
 import os
 import re
 from collections import abc
-from typing import Callable, Iterator
+from typing import Callable
 
 from .checkpoint import write_atomic
-from .errors import CorruptMetadataError, InvalidConfigError, InvalidTopicError
+from .errors import (CorruptMetadataError, InvalidConfigError, InvalidTopicError,
+                     InvalidTopicMetadataConfigError)
 from .records import TopicPartition
 
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
@@ -67,7 +68,8 @@ def topic_meta_dir(root: str) -> str:
     return os.path.join(root, META_DIR, "topics")
 
 
-def _meta_path(root: str, topic: str) -> str:
+def meta_path(root: str, topic: str) -> str:
+    """A topic's metadata file."""
     return os.path.join(topic_meta_dir(root), topic + ".json")
 
 
@@ -80,24 +82,13 @@ def write_topic_meta(root: str, name: str, partitions: int, cfg, hosted=None) ->
                        for k, v in cfg.overrides.items()}}
     if hosted is not None:
         meta["hosted"] = sorted(hosted)
-    write_atomic(_meta_path(root, name), json.dumps(meta, indent=1, sort_keys=True))
-
-
-def read_topic_metas(root: str) -> Iterator[tuple[str, dict]]:
-    """Every topic's metadata file as ``(path, {"name", "partitions", "config", "hosted"})``, by file
-    name order; CorruptMetadataError naming the file when one cannot be read."""
-    meta_dir = topic_meta_dir(root)
-    if not os.path.isdir(meta_dir):
-        return
-    for name in sorted(os.listdir(meta_dir)):
-        if name.endswith(".json"):
-            path = os.path.join(meta_dir, name)
-            yield path, _read_meta(path)
+    write_atomic(meta_path(root, name), json.dumps(meta, indent=1, sort_keys=True))
 
 
 def _read_meta(path: str) -> dict:
     def corrupt(why: str) -> CorruptMetadataError:
-        return CorruptMetadataError(f"{path}: corrupt topic metadata ({why})")
+        return CorruptMetadataError(f"{path}: corrupt topic metadata ({why})", file=path,
+                                    reason=why, topic=_topic_of(path))
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -114,6 +105,11 @@ def _read_meta(path: str) -> dict:
     name, partitions = meta["name"], meta["partitions"]
     if not isinstance(name, str) or not is_legal_topic_name(name):
         raise corrupt(f"'name' is {json.dumps(name)}, not a legal topic name")
+    if name != _topic_of(path):
+        # The file's name is the topic's (write_topic_meta); a file that claims another topic
+        # would describe that topic's partitions with this file's config.
+        raise corrupt(f"'name' is {json.dumps(name)}, but the file is named for topic "
+                      f"{json.dumps(_topic_of(path))}")
     if not isinstance(partitions, int) or isinstance(partitions, bool) \
             or not 1 <= partitions <= MAX_PARTITIONS:
         raise corrupt(f"'partitions' is {json.dumps(partitions)}, not a partition count")
@@ -131,27 +127,73 @@ def _read_meta(path: str) -> dict:
     return meta
 
 
-def discover_topics(root: str, make_config: Callable[[dict], object]) -> dict:
+def _topic_of(path: str) -> str:
+    """The topic a metadata file describes, by its name (``<topic>.json``)."""
+    return os.path.basename(path)[:-len(".json")]
+
+
+def fix_hint(path: str) -> str:
+    """How an operator repairs a damaged topic metadata file, for error messages."""
+    topic = _topic_of(path)
+    return (f"restore {path} from a backup, or rewrite it with 'segstore topics --repair "
+            f"--topic {topic} --partitions N --config cleanup.policy=...' and the topic's "
+            "other overrides; do not delete it: its partitions would then open with the "
+            "default config, and delete retention could remove a compacted topic's data")
+
+
+def damaged_topic_error(err: CorruptMetadataError) -> CorruptMetadataError:
+    """The error a read-only store raises when a topic set aside for ``err`` is used: the
+    same type, naming the file, what is wrong and the fix."""
+    return type(err)(f"topic {err.topic!r} is set aside, its metadata is damaged: {err}; "
+                     f"{fix_hint(err.file)}", file=err.file, reason=err.reason, topic=err.topic)
+
+
+def writable_open_error(root: str, damaged: dict) -> CorruptMetadataError:
+    """The error of a writable open of a store with damaged topics (``{name: error}``, from
+    :func:`discover_topics`): a writer cannot set a topic aside safely (retention, the cleaner
+    and the checkpoints would go on without it), nor guess its config."""
+    first = damaged[min(damaged)]
+    others = sorted(e.file for name, e in damaged.items() if name != first.topic)
+    more = f" (also damaged: {', '.join(others)})" if others else ""
+    return type(first)(
+        f"{first}{more}; cannot open {root} for writing until it is repaired: "
+        f"{fix_hint(first.file)}. Read-only opens and the commands that only read (verify, "
+        "describe, topics --list/--describe) still work and read the other topics",
+        file=first.file, reason=first.reason, topic=first.topic)
+
+
+def discover_topics(root: str, make_config: Callable[[dict], object]) -> tuple[dict, dict]:
     """The topics of a store directory, ``{name: {"partitions", "config", "hosted"}}``: those
     with a metadata file, then those found only as ``<topic>-<n>`` directories (a Kafka
     broker's log dir), which get ``make_config({})``. A broker holds only the partitions it
     hosts, so for those ``hosted`` lists the numbers found and the partition count is one more
-    than the highest (None: every partition is there). See :func:`hosted_partitions`."""
+    than the highest (None: every partition is there). See :func:`hosted_partitions`.
+
+    Returned with the damaged topics, ``{name: CorruptMetadataError}``: those whose metadata
+    file cannot be read or holds config overrides ``make_config`` rejects (named by the file).
+    Their partition directories are left out, never opened with a guessed config.
+    """
     topics: dict = {}
-    for path, meta in read_topic_metas(root):
+    damaged: dict = {}
+    meta_dir = topic_meta_dir(root)
+    names = sorted(os.listdir(meta_dir)) if os.path.isdir(meta_dir) else []
+    for path in (os.path.join(meta_dir, n) for n in names if n.endswith(".json")):
         try:
-            cfg = make_config(meta["config"])
-        except InvalidConfigError as e:
-            raise InvalidConfigError(f"{path}: {e}") from None
+            meta = _read_meta(path)
+            try:
+                cfg = make_config(meta["config"])
+            except InvalidConfigError as e:
+                raise InvalidTopicMetadataConfigError(
+                    f"{path}: {e}", file=path, reason=f"invalid config overrides: {e}",
+                    topic=_topic_of(path)) from None
+        except CorruptMetadataError as e:
+            damaged[_topic_of(path)] = e
+            continue
         topics[meta["name"]] = {"partitions": meta["partitions"], "config": cfg,
                                 "hosted": meta["hosted"]}
-    found: dict[str, set] = {}
-    for name in os.listdir(root):
-        m = PARTITION_DIR.fullmatch(name)
-        if (m and os.path.isdir(os.path.join(root, name)) and is_legal_topic_name(m.group(1))
-                and m.group(2) == str(int(m.group(2)))):
-            found.setdefault(m.group(1), set()).add(int(m.group(2)))
-    for topic, numbers in found.items():
+    for topic, numbers in partition_dirs(root).items():
+        if topic in damaged:
+            continue
         meta = topics.get(topic)
         if meta is None:
             n = max(numbers) + 1
@@ -163,7 +205,19 @@ def discover_topics(root: str, make_config: Callable[[dict], object]) -> dict:
             hosted = set(meta["hosted"]) | {p for p in numbers if p < meta["partitions"]}
             meta["hosted"] = (None if len(hosted) == meta["partitions"]
                               else tuple(sorted(hosted)))
-    return topics
+    return topics, damaged
+
+
+def partition_dirs(root: str) -> dict:
+    """``{topic: {partition numbers}}`` of the ``<topic>-<n>`` directories in ``root`` (legal
+    topic names, numbers in canonical form)."""
+    found: dict[str, set] = {}
+    for name in os.listdir(root):
+        m = PARTITION_DIR.fullmatch(name)
+        if (m and os.path.isdir(os.path.join(root, name)) and is_legal_topic_name(m.group(1))
+                and m.group(2) == str(int(m.group(2)))):
+            found.setdefault(m.group(1), set()).add(int(m.group(2)))
+    return found
 
 
 def hosted_partitions(meta: dict):
@@ -174,7 +228,7 @@ def hosted_partitions(meta: dict):
 def remove_topic_meta(root: str, name: str) -> None:
     """Delete a topic's metadata file, if it has one."""
     try:
-        os.unlink(_meta_path(root, name))
+        os.unlink(meta_path(root, name))
     except FileNotFoundError:
         pass
 

@@ -156,9 +156,9 @@ def test_dump_log_with_no_file_is_a_usage_error(capsys, files):
     (lambda text: text.replace(b'"partitions"', b'"parts"'), "no 'partitions'"),
     (lambda text: text.replace(b'"partitions": 2', b'"partitions": "two"'), "partitions"),
 ])
-@pytest.mark.parametrize("argv", [["topics", "--list"], ["verify"], ["retention"],
-                                  ["compact", "--dry-run"]])
+@pytest.mark.parametrize("argv", [["retention"], ["compact"], ["recover"]])
 def test_corrupt_topic_metadata_is_one_line_naming_the_file(store, damage, reason, argv):
+    # Commands that write refuse the store in one line naming the file, the reason, the fix.
     meta = store / ".segstore" / "topics" / "t.json"
     meta.write_bytes(damage(meta.read_bytes()))
     p = run_process(*argv, "--path", store)
@@ -166,7 +166,27 @@ def test_corrupt_topic_metadata_is_one_line_naming_the_file(store, damage, reaso
     assert (p.returncode, p.stdout) == (1, "")
     assert p.stderr.count("\n") == 1
     assert p.stderr.startswith(f"segstore {argv[0]}: error: {meta}: corrupt topic metadata")
-    assert reason in p.stderr
+    assert reason in p.stderr and "topics --repair" in p.stderr
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda text: text[:-5], "not JSON"),
+    (lambda text: text.replace(b'"partitions": 2', b'"partitions": "two"'), "partitions"),
+])
+@pytest.mark.parametrize("argv, healthy", [
+    (["topics", "--list"], "c\n"), (["verify"], "verified 1 partition ("),
+    (["retention", "--dry-run"], "of 1 partitions"), (["compact", "--dry-run"], " c-0: "),
+    (["describe"], "c-0\n")])
+def test_commands_that_read_go_on_past_corrupt_topic_metadata(store, damage, reason, argv,
+                                                               healthy):
+    # The other topic is read; the damaged one is named on stderr and the exit status is 1.
+    meta = store / ".segstore" / "topics" / "t.json"
+    meta.write_bytes(damage(meta.read_bytes()))
+    p = run_process(*argv, "--path", store)
+    assert "Traceback" not in p.stderr
+    assert p.returncode == 1
+    assert f"{meta}: corrupt topic metadata" in p.stderr and reason in p.stderr
+    assert healthy in p.stdout
 
 
 def test_an_unexpected_error_is_one_line_exit_1(capsys, store, monkeypatch):

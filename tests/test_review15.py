@@ -95,7 +95,7 @@ def test_a_metadata_files_hosted_list_is_checked(tmp_path):
         with open(path, "w") as f:
             json.dump({**meta, "hosted": bad}, f)
         with pytest.raises(CorruptMetadataError, match="'hosted'"):
-            segstore.open(root, readonly=True)
+            segstore.open(root)
 
 
 def test_a_decode_stops_at_the_records_it_wants(tmp_path):

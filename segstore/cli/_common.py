@@ -15,11 +15,11 @@ import segstore
 from ..checkpoint import (CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
                           RECOVERY_POINT_CHECKPOINT)
 from ..errors import StoreLockedError
-from ..topic import PARTITION_DIR
-from ..topic import META_DIR
+from ..topic import META_DIR, PARTITION_DIR, damaged_topic_error
 
 __all__ = ["UsageError", "CommandError", "ArgumentParser", "Progress", "add_store_options",
-           "open_store", "parse_key_values", "print_json", "format_value"]
+           "open_store", "parse_key_values", "print_json", "format_value", "topic_names",
+           "check_damaged", "damage_status", "iter_partitions"]
 
 
 class UsageError(Exception):
@@ -184,15 +184,40 @@ def format_value(value) -> str:
     return str(value)
 
 
+def topic_names(store, topics=None) -> list:
+    """The store's topic names, sorted, or those of ``topics``: CommandError for an unknown
+    one, CorruptMetadataError (naming the file and the fix) for one whose metadata is
+    damaged. Without ``topics`` damaged topics are left out: see :func:`damage_status`."""
+    names = store.list_topics()
+    if not topics:
+        return names
+    check_damaged(store, topics)
+    for t in topics:
+        if t not in names:
+            raise CommandError(f"unknown topic {t!r} in {store.path}")
+    return [t for t in names if t in topics]
+
+
+def check_damaged(store, topics) -> None:
+    """CorruptMetadataError, naming the file and the fix, when one of ``topics`` was set aside
+    for damaged metadata (rather than calling it unknown)."""
+    damaged = store.damaged_topics()
+    for t in topics:
+        if t in damaged:
+            raise damaged_topic_error(damaged[t])
+
+
+def damage_status(store, topics=None) -> int:
+    """1 when a command over every topic (no ``topics``) had to leave out topics whose
+    metadata is damaged, else 0. The store warned on stderr, naming each file, when it
+    opened; the exit status keeps a script from taking the partial output for the whole."""
+    return 1 if not topics and store.damaged_topics() else 0
+
+
 def iter_partitions(store, topics=None, partition: Optional[int] = None):
     """(topic, partition) pairs of ``topics`` (default: all), sorted; errors name what is
-    missing."""
-    names = store.list_topics()
-    if topics:
-        missing = [t for t in topics if t not in names]
-        if missing:
-            raise CommandError(f"unknown topic {missing[0]!r} in {store.path}")
-        names = [t for t in names if t in topics]
+    missing (see :func:`topic_names`)."""
+    names = topic_names(store, topics)
     out = []
     for t in names:
         parts = store.partitions_for(t)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 
 from ..config import STORE_CONFIG_KEYS, TOPIC_CONFIG_KEYS, StoreConfig, TopicConfig
-from ._common import (CommandError, UsageError, add_store_options, format_value, open_store,
-                      parse_key_values, print_json)
+from ._common import (CommandError, UsageError, add_store_options, check_damaged, damage_status,
+                      format_value, open_store, parse_key_values, print_json, topic_names)
+from .topic_repair import run_repair
 
 
 def register(subparsers) -> None:
@@ -48,8 +49,10 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_configs)
 
     p = subparsers.add_parser(
-        "topics", help="create, list, describe or delete topics (kafka-topics.sh)",
-        description="Create, list, describe or delete topics, with kafka-topics.sh's options.")
+        "topics", help="create, list, describe, delete or repair topics (kafka-topics.sh)",
+        description="Create, list, describe or delete topics, with kafka-topics.sh's options; "
+                    "--repair rewrites a topic's damaged metadata file (the writer refuses a "
+                    "store with one) from the partition count and config you give.")
     add_store_options(p)
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--create", action="store_true", help="create --topic")
@@ -57,12 +60,17 @@ def register(subparsers) -> None:
     action.add_argument("--describe", action="store_true",
                         help="partition count, overrides, per-partition offsets and sizes")
     action.add_argument("--delete", action="store_true", help="delete --topic and its data")
+    action.add_argument("--repair", action="store_true",
+                        help="rewrite --topic's damaged (or missing) metadata file from "
+                             "--partitions and --config, which must include cleanup.policy; "
+                             "needs the writer lock")
     p.add_argument("--topic", default=None, help="the topic (all topics for --describe)")
-    p.add_argument("--partitions", type=int, default=1, help="with --create (default 1)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="with --create (default 1) and --repair (required)")
     p.add_argument("--replication-factor", type=int, default=1,
                    help="with --create: must be 1 (one local copy per partition)")
     p.add_argument("--config", action="append", default=[], metavar="K=V",
-                   help="with --create: a topic config override; repeatable")
+                   help="with --create and --repair: a topic config override; repeatable")
     p.add_argument("--if-not-exists", action="store_true",
                    help="with --create: succeed if the topic exists")
     p.add_argument("--if-exists", action="store_true",
@@ -75,14 +83,8 @@ def register(subparsers) -> None:
 
 def log_dirs_json(store, topics=None) -> dict:
     """The store in kafka-log-dirs.sh's JSON shape (``version`` 1, broker 0, one log dir)."""
-    names = store.list_topics()
-    if topics is not None:
-        unknown = [t for t in topics if t not in names]
-        if unknown:
-            raise CommandError(f"unknown topic {unknown[0]!r} in {store.path}")
-        names = [t for t in names if t in topics]
     partitions = []
-    for t in names:
+    for t in topic_names(store, topics):
         for p in store.partitions_for(t):
             lg = store.partition(t, p)
             # No replicas and no future (moving) logs: the lag is always 0.
@@ -97,7 +99,7 @@ def run_log_dirs(args) -> int:
     topics = None if args.topic_list is None else [t for t in args.topic_list.split(",") if t]
     with open_store(args) as store:
         print_json(log_dirs_json(store, topics))
-    return 0
+        return damage_status(store, topics)
 
 
 # -- configs ----------------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def run_configs(args) -> int:
                 store.topic_config(t)  # an unknown topic fails before anything is printed
             for t in topics:
                 print("\n".join(describe_configs_lines(store, t, args.all)))
-        return 0
+            return damage_status(store, args.entity_name and [args.entity_name])
     if not args.entity_name:
         raise UsageError("--alter needs --entity-name (or --topic)")
     if args.all:
@@ -185,6 +187,8 @@ def run_topics(args) -> int:
     """``segstore topics --create/--list/--describe/--delete``."""
     if args.create:
         return _create_topic(args)
+    if args.repair:
+        return run_repair(args)
     if args.delete:
         if not args.topic:
             raise UsageError("--delete needs --topic")
@@ -204,17 +208,19 @@ def run_topics(args) -> int:
             else:
                 for n in names:
                     print(n)
-            return 0
+            return damage_status(store)
         if args.topic:
+            check_damaged(store, [args.topic])  # before --if-exists: the topic is there
             if args.topic not in names:
                 if args.if_exists:
                     return 0
                 raise CommandError(f"topic {args.topic!r} does not exist in {store.path}")
             names = [args.topic]
         infos = [_topic_info(store, n) for n in names]
+        status = damage_status(store, args.topic and [args.topic])
     if args.json:
         print_json(infos)
-        return 0
+        return status
     for info in infos:
         configs = ",".join(f"{k}={v}" for k, v in info["configs"].items())
         print(f"Topic: {info['topic']}\tPartitionCount: {info['partitions']}\t"
@@ -223,7 +229,7 @@ def run_topics(args) -> int:
             print(f"\tTopic: {info['topic']}\tPartition: {p['partition']}\t"
                   f"LogStartOffset: {p['log_start_offset']}\tLogEndOffset: {p['log_end_offset']}\t"
                   f"Segments: {p['segments']}\tSize: {p['size_bytes']}")
-    return 0
+    return status
 
 
 def _create_topic(args) -> int:
@@ -232,6 +238,8 @@ def _create_topic(args) -> int:
     if args.replication_factor != 1:
         raise UsageError("--replication-factor must be 1: segstore keeps one local copy "
                          "of each partition")
+    if args.partitions is None:
+        args.partitions = 1
     if args.partitions < 1:
         raise UsageError("--partitions must be at least 1")
     config = parse_key_values(args.config, "--config")

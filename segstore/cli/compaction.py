@@ -10,8 +10,8 @@ import sys
 from .. import _core
 from ..checkpoint import CLEAN_SHUTDOWN_FILE
 from ..cleaner.map_preview import MapPreviewer
-from ._common import (CommandError, UsageError, add_store_options, iter_partitions, open_store,
-                      print_json, progress, time_ms)
+from ._common import (CommandError, UsageError, add_store_options, damage_status,
+                      iter_partitions, open_store, print_json, progress, time_ms)
 from .clean_check import DAMAGE_ERRORS, Outcome, predict
 
 
@@ -189,12 +189,13 @@ def run_describe(args) -> int:
         now = store.clock() if args.now_ms is None else args.now_ms
         infos = [describe_partition(store, t, p, now, args.check_crc)
                  for t, p in iter_partitions(store, args.topic, args.partition)]
+        damaged = damage_status(store, args.topic)
     if args.json:
         print_json({"now_ms": now, "partitions": infos})
     else:
         for info in infos:
             print("\n".join(describe_text(info, now)))
-    return 1 if any(i["cleaner"] and i["cleaner"]["would_fail"] for i in infos) else 0
+    return 1 if damaged or any(i["cleaner"] and i["cleaner"]["would_fail"] for i in infos) else 0
 
 
 # -- compact ----------------------------------------------------------------------------------
@@ -334,8 +335,9 @@ def _compact_dry_run(args) -> int:
                     bar.advance(1, f"{t}-{p}")
         finally:
             previewer.close()
+        damaged = damage_status(store, args.topic)
     failing = sum(e["would_fail"] is not None for e in plan)
-    status = 1 if failing else 0
+    status = 1 if failing or damaged else 0
     # Without the marker the real run's writable open first runs crash recovery, which this
     # read-only look does not: it may truncate damage named here (above a recovery point).
     clean = os.path.exists(os.path.join(args.path, CLEAN_SHUTDOWN_FILE))

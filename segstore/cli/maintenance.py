@@ -7,9 +7,9 @@ import logging
 import os
 
 from ..checkpoint import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
-from ..topic import PARTITION_DIR, is_legal_topic_name
-from ._common import (CommandError, add_store_options, check_store_dir, iter_partitions,
-                      open_store, print_json, progress, time_ms)
+from ..topic import PARTITION_DIR, fix_hint, is_legal_topic_name
+from ._common import (CommandError, add_store_options, check_store_dir, damage_status,
+                      iter_partitions, open_store, print_json, progress, time_ms)
 
 
 def register(subparsers) -> None:
@@ -20,8 +20,10 @@ def register(subparsers) -> None:
         description="Check every batch's CRC and layout, every index entry against its log "
                     "(and what follows a sealed segment's last index entry) and every producer "
                     "snapshot, and name directories that look like partitions but are none of "
-                    "the store's, without changing anything (the store is opened read-only, so "
-                    "a live writer may keep running). Exit status 1 when a problem is found.")
+                    "the store's and topic metadata files that cannot be read (their topics' "
+                    "partitions are not checked, the others' are), without changing anything "
+                    "(the store is opened read-only, so a live writer may keep running). Exit "
+                    "status 1 when a problem is found.")
     add_store_options(p)
     p.add_argument("--topic", action="append", default=None,
                    help="only this topic; repeatable")
@@ -63,7 +65,12 @@ def run_verify(args) -> int:
     """``segstore verify``: every partition's ``verify()``; exit 1 on any problem."""
     results = []
     with open_store(args) as store:
-        parts = iter_partitions(store, args.topic)
+        damaged = damaged_findings(store, args.topic)
+        if args.topic is None:
+            parts = iter_partitions(store)
+        else:  # a named topic with damaged metadata is a finding, not an error
+            named = [t for t in args.topic if t not in damaged]
+            parts = iter_partitions(store, named) if named else []
         logs = [(t, p, store.partition(t, p)) for t, p in parts]
         total = sum(lg.size_bytes for _, _, lg in logs)
         with progress(args, total, "verify", unit="B") as bar:
@@ -79,10 +86,13 @@ def run_verify(args) -> int:
                                 "bytes": size, "problems": problems})
                 bar.advance(size, f"{t}-{p}")
         strays = stray_partition_dirs(store)
-    count = sum(len(r["problems"]) for r in results) + len(strays)
+    count = sum(len(r["problems"]) for r in results) + len(strays) + len(damaged)
     if args.json:
-        print_json({"partitions": results, "stray_directories": strays, "problems": count})
+        print_json({"partitions": results, "damaged_topics": list(damaged.values()),
+                    "stray_directories": strays, "problems": count})
     else:
+        for d in damaged.values():
+            print(f"{d['topic']}: {d['file']}: {d['message']}")
         for r in results:
             for pr in r["problems"]:
                 print(f"{r['topic']}-{r['partition']}: {pr['file']} at position "
@@ -93,11 +103,21 @@ def run_verify(args) -> int:
         size = sum(r["bytes"] for r in results)
         verdict = "no problems found" if not count else \
             f"{count} problem{'s' if count != 1 else ''} found"
+        unread = (f" ({len(damaged)} topic{'s' if len(damaged) != 1 else ''} not read: "
+                  "damaged metadata)" if damaged else "")
         print(f"verified {len(results)} partition{'s' if len(results) != 1 else ''} "
-              f"({segs} segments, {size} bytes): {verdict}")
+              f"({segs} segments, {size} bytes){unread}: {verdict}")
     return 1 if count else 0
 
 
+def damaged_findings(store, topics=None) -> dict:
+    """``{topic: finding}`` for the topics (default: all) whose metadata file is damaged:
+    the file, the reason and the fix. Their partitions are not read: without the topic's
+    config nothing says which of them are the topic's."""
+    return {t: {"topic": t, "file": e.file, "reason": e.reason,
+                "message": f"damaged topic metadata ({e.reason}): the topic's partitions are "
+                           f"not read; {fix_hint(e.file)}"}
+            for t, e in sorted(store.damaged_topics().items()) if not topics or t in topics}
 
 
 def stray_partition_dirs(store) -> list:
@@ -105,12 +125,15 @@ def stray_partition_dirs(store) -> list:
     partition of the store (a partition past the topic's count, ``t-01``...): segstore reads
     none of their files, so their data is invisible to every command."""
     out = []
+    damaged = store.damaged_topics()
     for name in sorted(os.listdir(store.path)):
         m = PARTITION_DIR.fullmatch(name)
         path = os.path.join(store.path, name)
         if not m or not os.path.isdir(path):
             continue
         topic, number = m.group(1), m.group(2)
+        if topic in damaged:
+            continue  # reported with its damaged metadata file
         if topic in store.list_topics() and number == str(int(number)) and \
                 int(number) in store.partitions_for(topic):
             continue
@@ -261,9 +284,10 @@ def run_retention(args) -> int:
     # A dry run opens read-only: it cannot change anything, and a live writer may keep going.
     with open_store(args, writable=not args.dry_run) as store:
         report = store.enforce_retention(now_ms=args.now_ms, dry_run=args.dry_run)
+        damaged = damage_status(store)  # a dry run's partitions leave the damaged topics out
     if args.json:
         print_json(retention_json(report))
     else:
         print(report)
-    return 1 if report.errors else 0
+    return 1 if report.errors or damaged else 0
 

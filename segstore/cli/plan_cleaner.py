@@ -23,8 +23,8 @@ from ..cleaner.map_build import dedupe_buffer_for
 from ..cleaner.service import MAX_MAP_BYTES  # one thread's map is a Java array in Kafka
 from ..columns import BinaryColumn
 from ..config import StoreConfig
-from ._common import (CommandError, UsageError, iter_partitions, non_empty, open_store,
-                      parse_key_values, print_json, progress)
+from ._common import (CommandError, UsageError, damage_status, iter_partitions, non_empty,
+                      open_store, parse_key_values, print_json, progress)
 from .clean_check import DAMAGE_ERRORS, Outcome, predict
 
 BYTES_PER_KEY = 24  # 16-byte MurmurHash3 x64-128 digest + 8-byte offset (REF §6.12)
@@ -346,12 +346,13 @@ def _plan_from_store(args, threads, buffer_size, load_factor) -> int:
         total = sum(store.partition(t, p).log_end_offset - store.partition(t, p).log_start_offset
                     for t, p in parts)
         ratios = {t: store.topic_config(t).min_cleanable_dirty_ratio for t in topics}
+        damaged = damage_status(store, args.topic)
         now = store.clock()
         with progress(args, total, "counting keys", unit=" offsets") as bar:
             for t, p in parts:
                 rows.append(_count_partition(store, t, p, now, bar))
     counted = [r for r in rows if r["would_fail"] is None]
-    status = 0 if len(counted) == len(rows) else 1
+    status = 0 if len(counted) == len(rows) and not damaged else 1
     if not counted:
         if args.json:
             print_json({"partitions": rows})
