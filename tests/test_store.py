@@ -27,7 +27,7 @@ from segstore.errors import (InvalidConfigError, InvalidTopicError, OffsetOutOfR
                              ReadOnlyStoreError, SegstoreError, StoreClosedError,
                              StoreLockedError, TopicAlreadyExistsError,
                              UnknownTopicOrPartitionError)
-from segstore.store import validate_topic_name
+from segstore.topic import validate_topic_name
 
 kafka_default = pytest.importorskip("kafka.partitioner.default")
 from kafka.record.memory_records import MemoryRecordsBuilder  # noqa: E402

@@ -277,7 +277,7 @@ def _path(opts: dict) -> str:
 
 
 def _topic_name(option: str, name: str) -> None:
-    from ..store import validate_topic_name
+    from ..topic import validate_topic_name
 
     try:
         validate_topic_name(name)
