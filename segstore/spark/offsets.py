@@ -43,6 +43,18 @@ def select_partitions(store, opts: ReadOptions) -> list:
     nothing, as with Kafka.
     """
     topics = set(store.list_topics())
+    # A topic whose metadata file is damaged is set aside by the read-only store; reading on
+    # without it would drop its records silently: its error (file, reason, fix) is raised.
+    damaged = store.damaged_topics()
+    if opts.subscribe is not None:
+        named = opts.subscribe
+    elif opts.subscribe_pattern is not None:
+        named = [t for t in sorted(damaged) if re.fullmatch(opts.subscribe_pattern, t)]
+    else:
+        named = list(opts.assign)
+    for t in named:
+        if t in damaged:
+            store.partitions_for(t)   # raises the topic's CorruptMetadataError
     out = []
     if opts.subscribe is not None:
         missing = [t for t in opts.subscribe if t not in topics]

@@ -147,7 +147,10 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = []
         with stores.readonly(self.opts.path) as store:
             known = set(store.list_topics())
+            damaged = store.damaged_topics()
             for tp, e in sorted(stop.items()):
+                if tp.topic in damaged:
+                    store.partitions_for(tp.topic)  # its CorruptMetadataError, not "data loss"
                 if (tp.topic not in known
                         or tp.partition not in store.partitions_for(tp.topic)):
                     if fail:
