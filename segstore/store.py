@@ -473,14 +473,16 @@ class LogStore(TopicAdmin, ScheduledTasks):
                         lg.close()
                     except KafkaStorageError as e:  # the others are still closed
                         failures.append(e)
-                self._deletes.delete_due(None)
-                self.write_checkpoints()
-                # An offline log's files may disagree with its recovery point: the next open
-                # must recover, as after a crash.
-                if not any(lg.offline for lg in self._logs.values()):
-                    create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
-                self._file_lock.release()
-                self._closed = True
+                try:
+                    self._deletes.delete_due(None)
+                    self.write_checkpoints()
+                    # An offline log's files may disagree with its recovery point: the next
+                    # open must recover, as after a crash.
+                    if not any(lg.offline for lg in self._logs.values()):
+                        create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
+                finally:   # a full disk must not keep the store locked until the process exits
+                    self._file_lock.release()
+                    self._closed = True
                 if failures:
                     raise failures[0]
             else:

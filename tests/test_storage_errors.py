@@ -370,3 +370,18 @@ def test_offline_logs_are_left_alone_by_retention_and_the_cleaner_threads(tmp_pa
     assert store.cleaner_manager.grab_filthiest_compacted_log() is None
     assert store.cleaner_manager.deletable_logs() == []
     store.close()
+
+
+def test_a_checkpoint_write_failing_at_close_still_releases_the_lock(tmp_path, monkeypatch):
+    path = str(tmp_path)
+    store = _open(path)
+    store.partition("t", 0).append_batch(_values(b"a"), [b"k"] * 3)
+    monkeypatch.setattr(type(store), "write_checkpoints", lambda self: _enospc())
+    with pytest.raises(OSError):
+        store.close()
+    monkeypatch.undo()
+    assert not os.path.exists(os.path.join(path, CLEAN_SHUTDOWN_FILE))
+    store.close()   # closed: nothing more to do
+    store = _open(path)   # the lock was released
+    assert _records(store.partition("t", 0)) == list(enumerate(_values(b"a")))
+    store.close()
