@@ -385,3 +385,38 @@ def test_a_checkpoint_write_failing_at_close_still_releases_the_lock(tmp_path, m
     store = _open(path)   # the lock was released
     assert _records(store.partition("t", 0)) == list(enumerate(_values(b"a")))
     store.close()
+
+
+def test_a_chunked_column_append_keeps_the_chunks_written_before_the_error(tmp_path,
+                                                                          monkeypatch):
+    """As concepts.md says: a several-step append may leave a prefix, which log_end_offset
+    tells, before and after the reopen; no record past it is ever read."""
+    from segstore import column_append
+    monkeypatch.setattr(column_append, "CHUNK_BYTES", 1 << 16)
+    path = str(tmp_path)
+    store = _open(path)
+    lg = store.partition("t", 0)
+    n = 5000
+    values = BinaryColumn(np.frombuffer(bytes(range(100)) * n, dtype=np.uint8),
+                          np.arange(0, n * 100 + 1, 100, dtype=np.int64), np.ones(n, bool))
+    real, calls = os.pwrite, []
+
+    def third_write_fails(fd, data, position):
+        calls.append(position)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data, position)
+
+    monkeypatch.setattr(segment_files.os, "pwrite", third_write_fails)
+    with pytest.raises(KafkaStorageError):
+        lg.append_columns(values)
+    monkeypatch.undo()
+    kept = lg.log_end_offset
+    assert 0 < kept < n
+    assert lg.read_columns(0).offsets.tolist() == list(range(kept))
+    store.close()
+    store = _open(path)
+    lg = store.partition("t", 0)
+    assert lg.log_end_offset == kept
+    assert lg.read_columns(0).values.to_pylist() == [bytes(range(100))] * kept
+    store.close()
