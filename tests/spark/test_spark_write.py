@@ -276,6 +276,61 @@ def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch,
     assert not os.path.exists(staging.job_dir(root, "dead"))
 
 
+def test_a_commit_that_takes_a_partition_offline_is_undone_by_the_next_open(root, monkeypatch,
+                                                                           publish_path):
+    """A disk error in one partition's commit (its fsync fails: that log goes offline) rolls
+    the other partitions back at once; an offline one that holds part of the commit cannot be
+    truncated, so the manifest stays, and the next commit, in a store opened afresh, rolls it
+    back too."""
+    import errno
+
+    from segstore import flusher
+    from segstore.errors import KafkaStorageError
+
+    first = stage(root, "io", "t", 0, [b"x1", b"x2"])
+    second = stage(root, "io", "t", 1, [b"y"])
+    # Partition 1's files: its directory's (appended), or its staged file (adopted).
+    failing = (os.path.join(root, "t-1") + os.sep,
+               os.path.join(staging.job_dir(root, "io"), second.files[0].name))
+    real_sync, real_datasync = flusher._fsync_and_close, os.fdatasync
+
+    def t1(fd):
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(failing)
+
+    def eio_fsync(fd):
+        if t1(fd):
+            os.close(fd)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_sync(fd)
+
+    def eio_fdatasync(fd):
+        if t1(fd):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_datasync(fd)
+
+    monkeypatch.setattr(flusher, "_fsync_and_close", eio_fsync)
+    monkeypatch.setattr(os, "fdatasync", eio_fdatasync)
+    with segstore.open(root) as store:
+        with pytest.raises(KafkaStorageError):
+            staging.publish(store, root, "io", [first, second])
+        assert store.partition("t", 1).offline
+        assert store.partition("t", 0).log_end_offset == 0   # rolled back at once
+        # Appended, partition 1 holds the batch it could not sync: its manifest stays.
+        # Adopted, the failure came before the file joined the log: nothing to undo.
+        kept = store.partition("t", 1).log_end_offset
+    monkeypatch.undo()
+    manifest = os.path.join(staging.job_dir(root, "io"), staging.MANIFEST)
+    assert os.path.exists(manifest) == (kept > 0)
+    assert (kept > 0) == (publish_path == "append")
+    if not kept:
+        staging.discard_job(root, "io", aborted=True)   # Spark's abort() after the failure
+    later = stage(root, "next", "t", 3, [b"z"])
+    with segstore.open(root) as store:
+        staging.publish(store, root, "next", [later])
+    assert end_offsets(root, "t") == {0: 0, 1: 0, 2: 0, 3: 1}
+    assert not os.path.exists(staging.job_dir(root, "io"))
+
+
 def stage_files(root, job, topic, files_per_partition, n=300):
     """Tasks staging ``files_per_partition`` {partition: count} files, each written by a
     Stager of its own (so a partition gets several files in one commit)."""
