@@ -161,6 +161,10 @@ class _AbstractIndex:
         self.trim_to_valid_size()
         self._dropped = True
 
+    def abandon(self) -> None:
+        """Close without trimming (an offline log's close): the file stays as it is."""
+        self._dropped = True
+
     def rename(self, new_path: str) -> None:
         """Rename the file; the mapping stays valid."""
         if os.path.exists(self.path):

@@ -58,13 +58,14 @@ class LogDirFailure:
                 f"reopen the store to recover it") from e
 
     def _close_segments(self) -> None:
-        """Close every segment's files; an offline log's failures are logged (the next open
-        recovers what the files hold), a healthy one's raised."""
+        """Close every segment's files: an offline log's without writing to them (the next
+        open recovers what they hold), a healthy one's as usual."""
         for s in self._state.segments:
-            try:
+            if self._failure is None:
                 s.close()
+                continue
+            try:
+                s.abandon()
             except OSError:
-                if self._failure is None:
-                    raise
                 log.warning("closing offline log %s-%d: %s", self.topic, self.partition,
                             s.log_path, exc_info=True)

@@ -541,6 +541,23 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
             os.close(self._fd_value)
             self._fd_value = None
 
+    def abandon(self) -> None:
+        """Close without writing anything (no final time-index entry, no trims): an offline
+        log's close, whose files the next open recovers as they are. A trim could also cut
+        bytes a read-only reader in another process has mapped (a failed append's batch)."""
+        with self._lock:
+            for index in (self._offset_index, self._time_index):
+                if index is not None:
+                    index.abandon()
+            self._offset_index = self._time_index = None
+            if self._txn_index is not None:
+                self._txn_index.close()
+            self._gone = True
+            self._mm = None
+            if self._fd_value is not None:
+                os.close(self._fd_value)
+                self._fd_value = None
+
     def change_file_suffixes(self, old: str, new: str) -> None:
         """Rename every file of the segment from suffix ``old`` to ``new`` (REF §2.2)."""
         def renamed(path):
