@@ -499,6 +499,12 @@ class Cleaner(OffsetMapBuild):
                 payload = decompress(codec, memoryview(mm)[p + 61:p + size])
             except CorruptRecordError as e:
                 raise CorruptRecordError(e.reason, file=source.log_path, position=p) from None
+        elif codec:
+            # DELETE drops the batch without reading its records (Kafka's filterTo neither), so
+            # it is not decompressed; the kernel still wants records for a compressed batch,
+            # and gets none (it only counts the batch's bytes). Passing no payload failed the
+            # round on an aborted compressed batch that was not its producer's last.
+            payload = b""
         op = self._room(dest, op, _core.BatchFilter.room_needed(
             mm, p, None if payload is None else len(payload)))
         out = self._out
