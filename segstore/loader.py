@@ -216,4 +216,13 @@ def recover_segment(seg: LogSegment, config, next_base: Optional[int] = None) ->
         log.warning("recovering %s: %s; truncating to %d bytes", seg.log_path, res.error, valid_end)
     seg.rebuild_indexes(batches)
     seg.txn_index.reset()
-    return seg.truncate_bytes(valid_end)
+    lost = seg.truncate_bytes(valid_end)
+    # REF §4.3 step 4: recovery trims both indexes to their entries, as a roll does. Left
+    # preallocated (the rebuild resets them to segment.index.bytes), every sealed segment
+    # recovered after a crash kept two index files of 10 MiB until a clean close, and another
+    # crash left them so for the next open (and for a Kafka broker, which reads a whole index
+    # file as entries). The active segment's are resized again at the end of load_segments.
+    # (Kafka's recover also appends the final time-index entry here; segstore's close does.)
+    seg.offset_index.trim_to_valid_size()
+    seg.time_index.trim_to_valid_size()
+    return lost

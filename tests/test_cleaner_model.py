@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import segstore
 from conftest import FakeClock
 from segstore.records import ControlRecordType
@@ -39,6 +42,34 @@ def test_an_aborted_compressed_batch_that_is_not_its_producers_last_is_dropped(t
         assert len(stats) == 1 and stats[0].end_offset == 5
         assert [(r.offset, r.value) for r in lg.iter_records()] == [(3, b"c")]
         assert store.metrics()["uncleanable-partitions-count"] == 0
+        assert lg.verify() == []
+    finally:
+        store.close()
+
+
+def test_segments_recovered_after_a_crash_have_trimmed_indexes(tmp_path):
+    # Recovery rebuilt a segment's indexes into files preallocated to segment.index.bytes and
+    # left them so: after a crash every sealed segment at or above the recovery point had two
+    # 10 MiB index files until a clean close (REF §4.3 step 4 trims them).
+    clock = FakeClock(T0)
+    root = tmp_path / "s"
+    store, lg = _store(tmp_path, clock)
+    for i in range(3):
+        lg.append_batch([b"v%d" % i], keys=[b"k%d" % i])
+        lg.roll()
+    lg.append_batch([b"v3"], keys=[b"k3"])
+    shutil.copytree(root, tmp_path / "crashed")    # no clean shutdown, no checkpoints
+    store.close()
+    store = segstore.open(str(tmp_path / "crashed"), clock=clock)
+    try:
+        lg = store.partition(TOPIC, 0)
+        assert [s.base_offset for s in lg.segments] == [0, 1, 2, 3]
+        for seg in lg.segments[:-1]:
+            assert os.path.getsize(seg.offset_index.path) == 0
+            assert os.path.getsize(seg.time_index.path) <= 12
+        assert [r.value for r in lg.iter_records()] == [b"v0", b"v1", b"v2", b"v3"]
+        assert lg.offset_for_time(T0)[:1] == (0,)
+        lg.append_batch([b"v4"], keys=[b"k4"])        # the active segment's are preallocated
         assert lg.verify() == []
     finally:
         store.close()
