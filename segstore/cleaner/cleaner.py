@@ -149,6 +149,13 @@ class Cleaner(OffsetMapBuild):
         lg = ltc.log
         tp = lg.topic_partition
         now = self.clock() if now is None else now
+        # The round takes a transaction as decided by its marker, which may lie above the
+        # recovery point: a crash could take the marker and leave the compaction it allowed
+        # (the cleaned segments are fsynced), reopening the transaction over data already
+        # dropped. Kafka bounds its cleaner by the high watermark, replicated data; here what
+        # the round relies on (everything up to the log end when ``ltc`` was taken) is made
+        # durable first.
+        lg.flush()
         truncations = lg.truncations
         segs = lg.segments
         first_dirty = ltc.first_dirty_offset
