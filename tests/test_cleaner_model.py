@@ -3,9 +3,10 @@ gzip, tombstones, transactions committed and aborted), the fake clock, compactio
 round through the manager, or ``store.compact``), retention on ``compact,delete`` topics,
 ``min.compaction.lag.ms`` / ``max.compaction.lag.ms``, small segments (rolled and grouped),
 small offset maps (a round covers part of the dirty section), clean close and reopen, and
-crashes: the directory copied while the writer is open, the active segment's unflushed batches
-cut to a prefix (maybe with a torn part of the next one), sometimes in the middle of a cleaner
-swap (``log_swap.swap_hook`` stops it after a step), and the copy opened instead.
+crashes: the directory copied while the writer is open, the active segment's batches not yet
+durable (unflushed, and not left by an earlier crash) cut to a prefix (maybe with a torn part of
+the next one), sometimes in the middle of a cleaner swap (``log_swap.swap_hook`` stops it after
+a step), and the copy opened instead.
 
 tests/test_cleaner_oracle.py checks rounds over fixed workloads, tests/test_retention_model.py
 retention and crashes without the cleaner; this machine interleaves them. The oracle is plain
@@ -39,6 +40,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
+import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from kafka.record.memory_records import MemoryRecords as KpMemoryRecords
@@ -168,6 +170,7 @@ class CleanerModel(RuleBasedStateMachine):
         self.rounds: list = []                 # this step's rounds: (now, end bound, lag)
         self.crashed_to: Optional[int] = None  # this step's crash: the log end it kept
         self.cut = None                        # and how many offsets it cut
+        self.survived = 0                      # the log end the last crash left: on disk
         self.checkpoint = None                 # cleaner checkpoint after the last check
 
     def teardown(self):
@@ -340,12 +343,18 @@ class CleanerModel(RuleBasedStateMachine):
             log_swap.swap_hook = None
 
     def _crash(self, keep, torn):
-        """A power loss now: the directory tree as it is, with the active segment's batches at
-        or above the recovery point cut to a prefix of ``keep`` (maybe torn inside the next)."""
+        """A power loss now: the directory tree as it is, with the active segment's batches not
+        yet durable (at or above the recovery point and the end the last crash left) cut to a
+        prefix of ``keep`` (maybe torn inside the next)."""
         self.generation += 1
         new_root = os.path.join(self.tmp, f"s{self.generation}")
         lg = self.lg
-        rp = lg.recovery_point
+        # Durable: below the recovery point (flushed), and also what an earlier power loss left,
+        # which was on disk then and has not been rewritten since. The recovery point alone
+        # under-states it after an unclean restart: it falls back to the checkpointed one, here
+        # often 0 (REF §4.2 step 9: it only advances on a later flush), and a crash then could
+        # take batches, such as a marker a round flushed and relied on, that cannot be lost.
+        rp = max(lg.recovery_point, self.survived)
         active = lg.segments[-1]
         shutil.copytree(self.root, new_root)
         with open(active.log_path, "rb") as f:
@@ -371,6 +380,7 @@ class CleanerModel(RuleBasedStateMachine):
         self.oracle.cut(leo)
         self.crashed_to = leo
         self.reopen(new_root)
+        self.survived = self.lg.log_end_offset
 
     # -- checks -------------------------------------------------------------------------------
     def check_nothing_overdue(self, now):
@@ -637,3 +647,38 @@ def test_a_crash_that_loses_a_commit_marker_does_not_leave_its_compaction_behind
         assert {r.key: r.value for r in lg.iter_records(isolation_level=RC)} == {b"k0": b"v1"}
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("first_crash", ["after the round", "inside the round's swap"])
+def test_a_crash_keeps_what_an_earlier_crash_left_though_the_recovery_point_fell_back(
+        first_crash):
+    # The model (not segstore) was wrong here. A round flushes pid 1's COMMIT (the active
+    # segment's only batch) and drops k0's older committed value; a power loss keeps it all.
+    # The unclean restart then sets the recovery point to the checkpointed one (none written
+    # yet: 0, REF §4.2 step 9), so the model's crash rule took the marker for unflushed, and a
+    # second power loss cut it: the transaction open again and k0's value gone, though the
+    # marker had been on disk since before the first crash.
+    m = CleanerModel()
+    try:
+        m.open(slots=1000, load=0.75, seg_bytes=1200, dr=0, lags=(0, LONG_MAX), ratio=0.0,
+               policy="compact", rms=-1, rbytes=-1)
+        m.append([(0, False)], 0, None)                 # k0 at 0
+        m.append_txn(1, [(0, False)], None)             # k0 at 1, pid 1
+        m.roll()                                        # flushed up to 2
+        m.end_txn(1, False)                             # COMMIT at 2, above the recovery point
+        m.store_agrees_with_the_oracle()
+        if first_crash == "after the round":
+            m.compact(True)
+            m.store_agrees_with_the_oracle()
+            m.crash(5, 0)
+        else:
+            m.crash_during_swap("renamed", 0, 5, 0)
+        m.store_agrees_with_the_oracle()
+        assert [r.offset for r in m.lg.iter_records()] == [1]
+        assert (m.lg.recovery_point, m.lg.log_end_offset) == (0, 3)
+        m.crash(0, 0)                                   # nothing above 3 to cut
+        m.store_agrees_with_the_oracle()
+        assert {r.key: r.value for r in m.lg.iter_records(isolation_level=RC)} == \
+            {b"k0": m.oracle.hist[1].records[0][2]}
+    finally:
+        m.teardown()
