@@ -76,7 +76,6 @@ class PartitionLog(LogReads, LogDeletion, LogDirFailure, ReadOnlyFollower):
         self.readonly = readonly
         self._lock = threading.RLock()
         self._closed = False
-        self._failure: Optional[OSError] = None  # the I/O error that took the log offline
         # Bumped by every truncation: a cleaner round that saw another value aborts its swap.
         self.truncations = 0
         # Called as fn(topic_partition, offset) after a truncation (the cleaner lowers its
@@ -533,7 +532,7 @@ class PartitionLog(LogReads, LogDeletion, LogDirFailure, ReadOnlyFollower):
 
     def maybe_flush(self, now_ms: Optional[int] = None) -> None:
         """Flush if ``flush.ms`` has passed since the last flush (the periodic flusher)."""
-        if self.readonly or self._closed or self._failure is not None:
+        if self.readonly or self._closed or self.offline:
             return
         with self._lock, self._going_offline_on_io_error():
             self._maybe_flush_locked(now_argument(now_ms, self.clock))
@@ -591,7 +590,7 @@ class PartitionLog(LogReads, LogDeletion, LogDirFailure, ReadOnlyFollower):
             return
         with self._lock:
             try:
-                if not self.readonly and self._failure is None:
+                if not self.readonly and not self.offline:
                     with self._going_offline_on_io_error():
                         self._flush_locked(self._state.log_end_offset)
                         # Read by the next open instead of replaying the log. An error

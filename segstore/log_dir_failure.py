@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Optional
 
 from .errors import KafkaStorageError
 
@@ -26,7 +27,7 @@ log = logging.getLogger("segstore.log")
 class LogDirFailure:
     """``offline``, and the guard that takes the log offline."""
 
-    _failure = None   # the OSError that took the log offline
+    _failure: Optional[OSError] = None   # the I/O error that took the log offline
 
     @property
     def offline(self) -> bool:

@@ -518,23 +518,27 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
         with self._lock:
             self._close_locked()
 
-    def _close_locked(self) -> None:
-        if not self.readonly and self._dirty:
+    def _close_locked(self, write: bool = True) -> None:
+        if write and not self.readonly and self._dirty:
             try:
                 self.on_become_inactive()
             except InvalidOffsetError as e:  # damaged data must not stop a close
                 log.warning("closing %s without its final time-index entry: %s",
                             self.log_path, e)
-        elif not self.readonly and self._fd_value is not None:
+        elif write and not self.readonly and self._fd_value is not None:
             self._trim_log_file()
         if self._offset_index is not None:
-            self._offset_index.close()
-            self._time_index.close()
+            for index in (self._offset_index, self._time_index):
+                if write:
+                    index.close()
+                else:
+                    index.abandon()
             # Readers holding them keep their maps; the last one unmaps them.
             self._offset_index = self._time_index = None
         if self._txn_index is not None:
             self._txn_index.close()
-        self._date_files()  # after the trims, which set the real time
+        if write:
+            self._date_files()  # after the trims, which set the real time
         self._gone = True
         self._mm = None
         if self._fd_value is not None:
@@ -546,17 +550,7 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
         log's close, whose files the next open recovers as they are. A trim could also cut
         bytes a read-only reader in another process has mapped (a failed append's batch)."""
         with self._lock:
-            for index in (self._offset_index, self._time_index):
-                if index is not None:
-                    index.abandon()
-            self._offset_index = self._time_index = None
-            if self._txn_index is not None:
-                self._txn_index.close()
-            self._gone = True
-            self._mm = None
-            if self._fd_value is not None:
-                os.close(self._fd_value)
-                self._fd_value = None
+            self._close_locked(write=False)
 
     def change_file_suffixes(self, old: str, new: str) -> None:
         """Rename every file of the segment from suffix ``old`` to ``new`` (REF §2.2)."""

@@ -217,6 +217,21 @@ def test_failed_fsync_takes_the_log_offline_without_moving_the_recovery_point(tm
     store.close()
 
 
+def _fail_fsyncs_under(monkeypatch, directory: str) -> None:
+    """The flusher's fsyncs of files in ``directory`` fail with EIO; the others run."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.fail("these tests need /proc/self/fd to tell the partitions' descriptors apart")
+    real = flusher._fsync_and_close
+
+    def eio_under_directory(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(directory + os.sep):
+            os.close(fd)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(flusher, "_fsync_and_close", eio_under_directory)
+
+
 def test_flush_failing_in_the_flush_ms_pass_does_not_stop_the_other_logs(tmp_path, monkeypatch):
     clock = FakeClock()
     store = segstore.open(str(tmp_path), clock=clock)
@@ -225,19 +240,7 @@ def test_flush_failing_in_the_flush_ms_pass_does_not_stop_the_other_logs(tmp_pat
     a.append_batch([b"x"], [b"k"])
     b.append_batch([b"y"], [b"k"])
     clock.advance(5000)
-    real = flusher._fsync_and_close
-    # Fails only for partition 0's files (the only ones whose segment was synced with it).
-    failing_dir = a.directory
-
-    def eio_for_a(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").startswith(failing_dir + os.sep):
-            os.close(fd)
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real(fd)
-
-    if not os.path.isdir("/proc/self/fd"):
-        pytest.fail("this test needs /proc/self/fd to tell the partitions' descriptors apart")
-    monkeypatch.setattr(flusher, "_fsync_and_close", eio_for_a)
+    _fail_fsyncs_under(monkeypatch, a.directory)
     store.tick()   # logged, not raised: a service error must not kill the others
     monkeypatch.undo()
     assert a.offline and not b.offline
@@ -252,16 +255,7 @@ def test_a_log_going_offline_while_closing_still_closes_the_store(tmp_path, monk
     store.create_topic("t", 2)
     store.partition("t", 0).append_batch([b"x"], [b"k"])
     store.partition("t", 1).append_batch([b"y"], [b"k"])
-    real = flusher._fsync_and_close
-    failing_dir = store.partition("t", 0).directory
-
-    def eio_for_p0(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").startswith(failing_dir + os.sep):
-            os.close(fd)
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real(fd)
-
-    monkeypatch.setattr(flusher, "_fsync_and_close", eio_for_p0)
+    _fail_fsyncs_under(monkeypatch, store.partition("t", 0).directory)
     with pytest.raises(KafkaStorageError):
         store.close()
     monkeypatch.undo()

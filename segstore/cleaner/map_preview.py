@@ -27,6 +27,7 @@ from .manager import LogToClean
 from .map_build import OffsetMapBuild, dedupe_buffer_for
 from .service import MAX_MAP_BYTES, LogCleaner, another_round
 from .stats import CleanerStats
+from .throttler import Throttler
 
 
 @dataclass
@@ -63,14 +64,9 @@ class _Rehearsal(OffsetMapBuild):
         self.offset_map = offset_map
         self.chunk_size = MIN_CHUNK   # where a chunk ends does not move where a map stops
         self.map_helper = False
-        self.throttler = _NoThrottle()
+        self.throttler = Throttler(float("inf"))
         self.check_done = lambda tp: None
         self._init_map_build()
-
-
-class _NoThrottle:
-    def maybe_throttle(self, nbytes: int) -> None:
-        pass
 
 
 class MapPreviewer:
