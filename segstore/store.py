@@ -31,8 +31,8 @@ from .log import PartitionLog
 from .log_isolation import read_committed
 from .records import RecordMetadata, TopicPartition
 from .segment_checks import Problem
-from .topic import (damaged_topic_error, discover_topics, hosted_partitions, topic_meta_dir,
-                    topic_partitions, writable_open_error)
+from .topic import (damaged_topic_error, discover_topics, hosted_partitions, mark_partitions,
+                    meta_path, topic_meta_dir, topic_partitions, writable_open_error)
 from .cleaner import LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 from .segment_delete_queue import SegmentDeleteQueue
@@ -105,6 +105,7 @@ class LogStore(TopicAdmin, ScheduledTasks):
                 os.unlink(marker)  # a crash while loading must count as unclean (KAFKA-10471)
                 fsync_dir(self.path)
             self._load(clean_shutdown=clean, topics=topics)
+            self._mark_partitions()
         except BaseException:
             self._file_lock.release()
             raise
@@ -138,6 +139,16 @@ class LogStore(TopicAdmin, ScheduledTasks):
             log.warning("%s", damaged_topic_error(damaged[name]))
         self._damaged = damaged
         return topics
+
+    def _mark_partitions(self) -> None:
+        # Stores written before the markers existed get them at their first writable open.
+        for name, meta in self._topics.items():
+            if os.path.exists(meta_path(self.path, name)):
+                try:
+                    mark_partitions(self.path, name, hosted_partitions(meta))
+                except OSError as e:  # only a safeguard: not worth refusing the open for
+                    log.warning("cannot mark the partition directories of topic %r: %s",
+                                name, e)
 
     def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None,
               topics: Optional[dict] = None) -> None:

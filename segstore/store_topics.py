@@ -14,8 +14,8 @@ from .checkpoint import fsync_dir
 from .config import TopicConfig
 from .errors import InvalidConfigError, TopicAlreadyExistsError
 from .records import TopicPartition
-from .topic import (hosted_partitions, remove_topic_meta, validate_partition_count,
-                    validate_topic_name, write_topic_meta)
+from .topic import (hosted_partitions, mark_partitions, remove_topic_meta,
+                    validate_partition_count, validate_topic_name, write_topic_meta)
 
 
 class TopicAdmin:
@@ -40,6 +40,7 @@ class TopicAdmin:
                     tp = TopicPartition(name, p)
                     self._logs[tp] = self._open_log(tp, cfg, 0, 0, True)
                     created.append(tp)
+                mark_partitions(self.path, name, range(num_partitions))
                 fsync_dir(self.path)
             except BaseException:
                 # All or nothing: a partition that could not be created (out of descriptors or
@@ -104,6 +105,7 @@ class TopicAdmin:
                                          f"{delete!r}")
             cfg = meta["config"].with_updates(set or {}, tuple(delete))
             write_topic_meta(self.path, name, meta["partitions"], cfg, hosted=meta["hosted"])
+            mark_partitions(self.path, name, hosted_partitions(meta))  # a Kafka log dir's topic
             meta["config"] = cfg
             for p in hosted_partitions(meta):
                 self._logs[TopicPartition(name, p)].config = cfg

@@ -25,6 +25,10 @@ META_DIR = ".segstore"
 # A partition directory's name: <topic>-<partition number> (the number in canonical form is
 # checked where it matters, "-01" is not partition 1).
 PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
+# In each partition directory of a topic that has a metadata file: it tells a lost metadata
+# file from a Kafka log dir, whose partitions rightly open with the default config. Kafka's
+# loader ignores files it does not know, as it ignores partition.metadata.
+PARTITION_MARKER = "segstore.topic"
 
 
 def validate_topic_name(name) -> str:
@@ -133,12 +137,16 @@ def _topic_of(path: str) -> str:
 
 
 def fix_hint(path: str) -> str:
-    """How an operator repairs a damaged topic metadata file, for error messages."""
+    """How an operator repairs a damaged or missing topic metadata file, for error messages."""
     topic = _topic_of(path)
-    return (f"restore {path} from a backup, or rewrite it with 'segstore topics --repair "
-            f"--topic {topic} --partitions N --config cleanup.policy=...' and the topic's "
-            "other overrides; do not delete it: its partitions would then open with the "
-            "default config, and delete retention could remove a compacted topic's data")
+    repair = (f"'segstore topics --repair --topic {topic} --partitions N --config "
+              "cleanup.policy=...' and the topic's other overrides")
+    if not os.path.exists(path):
+        return (f"restore {path} from a backup (or from the store the partition directories "
+                f"were copied from), or write it with {repair}")
+    return (f"restore {path} from a backup, or rewrite it with {repair}; do not delete it: "
+            "its partitions would then open with the default config, and delete retention "
+            "could remove a compacted topic's data")
 
 
 def damaged_topic_error(err: CorruptMetadataError) -> CorruptMetadataError:
@@ -175,9 +183,8 @@ def discover_topics(root: str, make_config: Callable[[dict], object]) -> tuple[d
     """
     topics: dict = {}
     damaged: dict = {}
-    meta_dir = topic_meta_dir(root)
-    names = sorted(os.listdir(meta_dir)) if os.path.isdir(meta_dir) else []
-    for path in (os.path.join(meta_dir, n) for n in names if n.endswith(".json")):
+
+    def load(path: str) -> None:
         try:
             meta = _read_meta(path)
             try:
@@ -188,10 +195,22 @@ def discover_topics(root: str, make_config: Callable[[dict], object]) -> tuple[d
                     topic=_topic_of(path)) from None
         except CorruptMetadataError as e:
             damaged[_topic_of(path)] = e
-            continue
+            return
         topics[meta["name"]] = {"partitions": meta["partitions"], "config": cfg,
                                 "hosted": meta["hosted"]}
+
+    meta_dir = topic_meta_dir(root)
+    names = sorted(os.listdir(meta_dir)) if os.path.isdir(meta_dir) else []
+    for n in names:
+        if n.endswith(".json"):
+            load(os.path.join(meta_dir, n))
     for topic, numbers in partition_dirs(root).items():
+        if topic not in topics and topic not in damaged and _marked(root, topic, numbers):
+            path = meta_path(root, topic)
+            if os.path.exists(path):
+                load(path)  # a writer created the topic after the listing above
+            else:
+                damaged[topic] = _missing_meta_error(path, topic)
         if topic in damaged:
             continue
         meta = topics.get(topic)
@@ -218,6 +237,39 @@ def partition_dirs(root: str) -> dict:
                 and m.group(2) == str(int(m.group(2)))):
             found.setdefault(m.group(1), set()).add(int(m.group(2)))
     return found
+
+
+def _marked(root: str, topic: str, numbers) -> bool:
+    """Whether one of a topic's partition directories holds segstore's marker."""
+    return any(os.path.exists(os.path.join(root, f"{topic}-{p}", PARTITION_MARKER))
+               for p in numbers)
+
+
+def _missing_meta_error(path: str, topic: str) -> CorruptMetadataError:
+    why = (f"missing: the partition directories of topic {topic!r} hold segstore's "
+           f"{PARTITION_MARKER} marker, so their partition count and config were in this file")
+    return CorruptMetadataError(f"{path}: topic metadata {why}", file=path, reason=why,
+                                topic=topic)
+
+
+def mark_partitions(root: str, topic: str, partitions) -> None:
+    """Put the marker in each of ``partitions``' directories that exist and lack it (the
+    topic has a metadata file). The marker's text is for people; only its presence counts."""
+    for p in partitions:
+        directory = os.path.join(root, f"{topic}-{p}")
+        marker = os.path.join(directory, PARTITION_MARKER)
+        if not os.path.isdir(directory) or os.path.exists(marker):
+            continue
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            os.write(fd, (f"# segstore: a partition of topic {topic}, whose partition count "
+                          f"and config are in the store's {META_DIR}/topics/{topic}.json\n"
+                          f"topic={topic}\n").encode())
+        finally:
+            os.close(fd)
 
 
 def hosted_partitions(meta: dict):

@@ -20,9 +20,12 @@ TS = 1_700_000_000_000
 
 @pytest.fixture
 def root(tmp_path):
+    return two_topic_store(str(tmp_path / "s"))
+
+
+def two_topic_store(path: str) -> str:
     """Topic ``orders`` (compacted, 1 partition, 3 records) and topic ``events`` (delete, 2
     partitions, 4 records in partition 1)."""
-    path = str(tmp_path / "s")
     with segstore.open(path, clock=lambda: TS) as s:
         s.create_topic("orders", 1, config={"cleanup.policy": "compact"})
         s.partition("orders", 0).append_batch([b"a", b"b", b"c"], keys=[b"1", b"2", b"1"])
