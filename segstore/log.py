@@ -87,8 +87,9 @@ class PartitionLog(LogReads, LogDeletion, LogDirFailure, ReadOnlyFollower):
         if readonly:
             self.recovery_point = 0
             self._ro_start = log_start_offset
+            # Nothing is listed until the log is first used (every accessor refreshes first):
+            # a reader of one partition need not pay for listing a large store's others.
             self._state = _State((), log_start_offset, log_start_offset)
-            self._refresh()
             return
         os.makedirs(directory, exist_ok=True)
         loaded = load_segments(directory, config, clock, recovery_point=recovery_point,

@@ -46,6 +46,8 @@ def _broker_log_dir(root: str) -> None:
                                                       keys=[b"k%d" % i for i in range(5)])
     shutil.rmtree(os.path.join(root, ".segstore"))
     shutil.rmtree(os.path.join(root, "orders-1"))
+    for p in (0, 2):  # nor segstore's partition markers
+        os.remove(os.path.join(root, f"orders-{p}", "segstore.topic"))
 
 
 def test_a_broker_log_dir_opens_only_the_partitions_it_hosts(tmp_path):

@@ -196,3 +196,42 @@ class RatioRecovery:
         return round(meta["log_bytes"] / MIB / t_crc, 1)
 
     track_crc32c_mb_per_s.unit = "MiB/s"
+
+
+# --------------------------------------------------------------------------------------------
+# Read-only opens of a store of many partitions (what every Spark read task does).
+
+MANY_TOPICS, MANY_PARTITIONS = 20, 50
+_MANY_STORE = "many-partitions-store"
+
+
+def many_partitions_cache(_bench=None) -> str:
+    """asv ``setup_cache``: 20 topics of 50 partitions, ten 100-byte records in each."""
+    path = os.path.abspath(_MANY_STORE)
+    shutil.rmtree(path, ignore_errors=True)
+    with segstore.open(path) as store:
+        for t in range(MANY_TOPICS):
+            store.create_topic(f"t{t}", MANY_PARTITIONS)
+            for p in range(MANY_PARTITIONS):
+                store.partition(f"t{t}", p).append_batch([b"x" * VALUE_SIZE] * 10)
+    return path
+
+
+class ReadOnlyOpenManyPartitions:
+    """``segstore.open(path, readonly=True)`` of a 1,000-partition store, then one partition
+    read, as a Spark task reading one offset range does. A read-only log lists its directory
+    when first used, so the open costs the store's listing, not the partitions'. (No target;
+    before the lazy listing the open took about 9x longer, see docs/performance.md.)"""
+
+    setup_cache = many_partitions_cache
+    timeout = 120
+
+    def time_open_readonly_and_read_one_partition(self, path):
+        with segstore.open(path, readonly=True) as store:
+            store.partition("t7", 3).read(0)
+
+    def time_list_every_partition_directory(self, path):
+        """The floor of an eager open: one listing per partition directory."""
+        for t in range(MANY_TOPICS):
+            for p in range(MANY_PARTITIONS):
+                os.listdir(os.path.join(path, f"t{t}-{p}"))

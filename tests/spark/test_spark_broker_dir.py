@@ -22,6 +22,8 @@ def broker_dir(tmp_path_factory):
             store.partition("orders", p).append_batch([b"o%d-%d" % (p, i) for i in range(4)])
     shutil.rmtree(os.path.join(root, ".segstore"))  # a broker's dir has no segstore metadata
     shutil.rmtree(os.path.join(root, "orders-1"))   # another broker hosts partition 1
+    for p in (0, 2):                                # nor segstore's partition markers
+        os.remove(os.path.join(root, f"orders-{p}", "segstore.topic"))
     return root
 
 
