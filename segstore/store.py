@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections import abc
+from functools import partial
 from typing import Callable, Iterable, Mapping, Optional
 
 from . import _core
@@ -30,6 +31,7 @@ from .file_lock import FileLock
 from .log import PartitionLog
 from .log_isolation import read_committed
 from .records import RecordMetadata, TopicPartition
+from .recovery_threads import run_jobs
 from .segment_checks import Problem
 from .topic import (damaged_topic_error, discover_topics, hosted_partitions, mark_partitions,
                     meta_path, topic_meta_dir, topic_partitions, writable_open_error)
@@ -156,14 +158,24 @@ class LogStore(TopicAdmin, ScheduledTasks):
         recovery = self._checkpoint(RECOVERY_POINT_CHECKPOINT, clean_shutdown)
         starts = self._checkpoint(LOG_START_OFFSET_CHECKPOINT, clean_shutdown)
         self._topics.update(topics)
+        todo = []
         for topic, meta in self._topics.items():
             for p in hosted_partitions(meta):
                 tp = TopicPartition(topic, p)
                 if reuse and tp in reuse:
                     self._logs[tp] = reuse[tp]
-                    continue
-                self._logs[tp] = self._open_log(tp, meta["config"], recovery.get(tp, 0),
-                                                starts.get(tp, 0), clean_shutdown)
+                else:
+                    todo.append((tp, meta["config"]))
+        # A read-only log lists nothing until used: only writable opens have work to share.
+        threads = 1 if self.readonly else self.config.num_recovery_threads_per_data_dir
+        opened = run_jobs(threads, [
+            partial(self._open_log, tp, cfg, recovery.get(tp, 0), starts.get(tp, 0),
+                    clean_shutdown) for tp, cfg in todo], keep_going=False)
+        for (tp, _), (lg, error) in zip(todo, opened):
+            if error is not None:
+                raise error  # the first failed partition, in order
+            if lg is not None:
+                self._logs[tp] = lg
 
     def _open_log(self, tp: TopicPartition, config: TopicConfig, recovery_point: int,
                   log_start: int, clean: bool) -> PartitionLog:
@@ -478,12 +490,13 @@ class LogStore(TopicAdmin, ScheduledTasks):
         self.cleaner.release_memory()
         with self._lock:
             if not self.readonly:
-                failures = []
-                for lg in self._logs.values():
-                    try:
-                        lg.close()
-                    except KafkaStorageError as e:  # the others are still closed
-                        failures.append(e)
+                closed = run_jobs(self.config.num_recovery_threads_per_data_dir,
+                                  [lg.close for lg in self._logs.values()])
+                errors = [e for _, e in closed if e is not None]
+                for e in errors:
+                    if not isinstance(e, KafkaStorageError):
+                        raise e
+                failures = errors  # offline logs; the others are still closed
                 try:
                     self._deletes.delete_due(None)
                     self.write_checkpoints()

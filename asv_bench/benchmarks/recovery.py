@@ -235,3 +235,31 @@ class ReadOnlyOpenManyPartitions:
         for t in range(MANY_TOPICS):
             for p in range(MANY_PARTITIONS):
                 os.listdir(os.path.join(path, f"t{t}-{p}"))
+
+
+class CloseAfterAppends:
+    """``close()`` of a writable store after 1,000 records were appended to each of its 8
+    partitions: every log flushed (fsync) and closed, and a producer snapshot written (fsync),
+    on ``num.recovery.threads.per.data.dir`` threads. Reported against one thread, same run."""
+
+    params = [1, 4]
+    param_names = ["threads"]
+    number = 1          # each sample closes a store its setup opened and wrote
+    repeat = (5, 15, 30.0)
+    timeout = 120
+
+    def setup(self, threads):
+        self.path = os.path.abspath(f"close-store-{threads}")
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.store = segstore.open(self.path, {"num.recovery.threads.per.data.dir": threads})
+        self.store.create_topic(TOPIC, 8)
+        values = [b"v" * VALUE_SIZE] * 1000
+        for p in range(8):
+            self.store.partition(TOPIC, p).append_batch(values)
+
+    def teardown(self, threads):
+        self.store.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def time_close(self, threads):
+        self.store.close()

@@ -17,6 +17,10 @@ from ..errors import StoreLockedError
 from ..store import LogStore, open as open_store
 from .options import InvalidOptionError
 
+# A driver's commit or a compaction task opens the store for a moment and closes it: its logs
+# are opened, and flushed and closed (a producer snapshot's fsync each), on this many threads.
+WRITER_RECOVERY_THREADS = 4
+
 
 def check_store_dir(path: str) -> None:
     """Fail early, naming the path, when a store directory does not exist."""
@@ -48,7 +52,8 @@ def writable(path: str, timeout_ms: int, purpose: str) -> Iterator[LogStore]:
     delay = 0.02
     while True:
         try:
-            store = open_store(path)
+            store = open_store(path, {"num.recovery.threads.per.data.dir":
+                                      WRITER_RECOVERY_THREADS})
             break
         except StoreLockedError as e:
             if time.monotonic() >= deadline:
