@@ -40,14 +40,19 @@ cdef extern from *:
     #ifndef SEGSTORE_DEBUG
     #define SEGSTORE_DEBUG 0
     #endif
+    #ifndef SEGSTORE_ASAN
+    #define SEGSTORE_ASAN 0
+    #endif
     """
     int SEGSTORE_DEBUG
+    int SEGSTORE_ASAN
 
 cdef extern from "Python.h":
     ctypedef struct PyTypeObject:
         PyObject* (*tp_alloc)(PyTypeObject*, Py_ssize_t) except NULL
 
 DEBUG_BUILD = bool(SEGSTORE_DEBUG)
+ASAN_BUILD = bool(SEGSTORE_ASAN)     # setup.py's SEGSTORE_ASAN=1: compiled with AddressSanitizer
 V2_HEADER_SIZE = V2_HEADER_C
 LOG_OVERHEAD = LOG_OVERHEAD_C
 
