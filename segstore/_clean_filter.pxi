@@ -378,7 +378,7 @@ cdef class BatchFilter:
         cdef Py_ssize_t pos = start, op = out_pos
         cdef int st
         if op < 0 or op > ov.shape[0]:
-            raise ValueError("out_pos outside the output buffer")
+            raise InvalidArgumentError("out_pos outside the output buffer")
         with nogil:
             st = _filter_run(&self.mc, &self.fc, _ptr(view), &pos, e, &ov[0], &op,
                              ov.shape[0])
@@ -396,8 +396,11 @@ cdef class BatchFilter:
         records' size, for a compressed batch)."""
         cdef const uint8_t[::1] view = buf
         cdef BatchHeader h
-        if scan_one(_ptr(view), pos, view.shape[0], &h) != ST_OK:
-            raise ValueError(f"no complete batch at position {pos}")
+        _resolve_end(view.shape[0], pos, None)   # scan_one reads from pos: never before 0
+        cdef int st = scan_one(_ptr(view), pos, view.shape[0], &h)
+        _raise_status(st, pos, None)
+        if st != ST_OK:
+            raise InvalidArgumentError(f"no complete batch at position {pos}")
         return _room_needed(&h, h.size - V2_HEADER_C if payload_len is None else payload_len)
 
     def filter_one(self, buf, Py_ssize_t pos, int mode, bint discard_records,
@@ -408,19 +411,20 @@ cdef class BatchFilter:
         uncompressed with CRC 0 (the caller compresses it with its codec and sets the CRC)."""
         cdef const uint8_t[::1] view = buf
         cdef BatchHeader h
+        _resolve_end(view.shape[0], pos, None)   # scan_one reads from pos: never before 0
         cdef int st = scan_one(_ptr(view), pos, view.shape[0], &h)
         _raise_status(st, pos, file)
         if st != ST_OK or h.magic < 2:
-            raise ValueError(f"no complete magic-2 batch at position {pos}")
+            raise InvalidArgumentError(f"no complete magic-2 batch at position {pos}")
         if out_pos < 0 or out_pos > len(out):
-            raise ValueError("out_pos outside the output buffer")
+            raise InvalidArgumentError("out_pos outside the output buffer")
         cdef uint8_t[::1] ov = out
         cdef const uint8_t[::1] pv
         cdef const uint8_t* rb
         cdef Py_ssize_t rstart, rend
         if (h.attributes & ATTR_CODEC) != 0:
             if payload is None:
-                raise ValueError("a compressed batch needs its decompressed records")
+                raise InvalidArgumentError("a compressed batch needs its decompressed records")
             pv = payload
             rb = _ptr(pv)
             rstart = 0
@@ -437,7 +441,8 @@ cdef class BatchFilter:
                                mode, discard_records, marker_for_empty_txn, &ov[0], &op,
                                ov.shape[0], &rebuilt)
         if st == ST_OUTPUT_FULL:
-            raise ValueError("output buffer has no room for the batch (see room_needed)")
+            raise InvalidArgumentError("output buffer has no room for the batch (see "
+                                       "room_needed)")
         _raise_status(st, pos, file)
         return (op, bool(rebuilt))
 
@@ -492,10 +497,10 @@ def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
     there), and with the GIL held another cleaner thread could not return from its kernels
     meanwhile. ``buf`` must be an ``mmap.mmap``: on other memory the call would discard data."""
     if not isinstance(buf, _mmap.mmap):
-        raise TypeError("release_pages needs an mmap.mmap")
+        raise BufferTypeError("release_pages needs an mmap.mmap")
     cdef const uint8_t[::1] view = buf
     if start < 0 or end > view.shape[0] or start > end:
-        raise ValueError(f"range [{start}, {end}) is outside the mapping")
+        raise InvalidArgumentError(f"range [{start}, {end}) is outside the mapping")
     if start == end:
         return
     cdef size_t page = _mmap.PAGESIZE
@@ -513,7 +518,7 @@ def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
     cdef Py_ssize_t pos = start
     cdef bint bad = False
     if start < 0 or end > ov.shape[0] or start > end:
-        raise ValueError(f"range [{start}, {end}) is outside the buffer")
+        raise InvalidArgumentError(f"range [{start}, {end}) is outside the buffer")
     if start == end:
         return
     cdef uint8_t* b = &ov[0]
@@ -529,12 +534,12 @@ def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
                     wr_u32(b + pos + 17, crc32c_c(b + pos + 21, h.size - 21))
                 pos += h.size
         if bad:
-            raise ValueError(f"no complete batch at position {pos}")
+            raise InvalidArgumentError(f"no complete batch at position {pos}")
         return
     mv = memoryview(out)
     while pos < end:
         if scan_one(b, pos, end, &h) != ST_OK:
-            raise ValueError(f"no complete batch at position {pos}")
+            raise InvalidArgumentError(f"no complete batch at position {pos}")
         if h.magic == 2 and h.crc == 0:
             wr_u32(b + pos + 17, _crc32c_pkg(mv[pos + 21:pos + h.size]))
         pos += h.size
@@ -543,6 +548,8 @@ def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
 def compress_batch_at(out, Py_ssize_t pos, Py_ssize_t size, int codec):
     """The uncompressed v2 batch at ``out[pos:pos+size]`` with its records compressed by
     ``codec`` at its default level, attributes and CRC updated: a new bytearray."""
-    if pos < 0 or size < V2_HEADER_C or pos + size > len(out):
-        raise ValueError("no batch at that range of the buffer")
+    # size > len - pos, not pos + size > len: the sum of two huge ints wrapped negative.
+    if pos < 0 or size < V2_HEADER_C or pos > len(out) or size > len(out) - pos:
+        raise InvalidArgumentError(f"no batch at [{pos}, {pos} + {size}) of the "
+                                   f"{len(out)}-byte buffer")
     return _compress_batch(out, pos, size, codec, None)

@@ -1,0 +1,88 @@
+"""Regressions for reads and writes out of bounds that AddressSanitizer found in the compiled
+core (``make test-asan``; found by tests/test_asan_fuzz.py and by reading the bounds checks).
+
+Each is a check of a caller's position or count that let an out-of-range value through to a
+kernel reading raw pointers: a negative position read before the buffer, and a sum or product
+of two large ints that wrapped negative passed an ``a + b > length`` check. On the old code
+these read (or wrote) outside the buffer: ASan stops the process with a heap-buffer-overflow
+report, and the normal build read garbage or died with SIGSEGV. Now each raises a
+``segstore.errors`` exception before a byte is touched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from segstore import _core
+from segstore.errors import CorruptRecordError, InvalidArgumentError
+
+# Positions and sizes whose sums with small ints or each other wrap an int64.
+HUGE = [2**62, 2**63 - 1, 2**63 - 30]
+
+
+def _batch(compression=0) -> bytearray:
+    # A bytearray: its bytes are a malloc block of their own, which ASan guards on both sides.
+    return bytearray(_core.encode_batch([b"value"], [b"key"], timestamps_ms=[1_000],
+                                        base_offset=10, compression=compression))
+
+
+def _filter() -> _core.BatchFilter:
+    omap = _core.OffsetMap(1 << 16)
+    return _core.BatchFilter(omap, 2_000, 1_000, 100)
+
+
+@pytest.mark.parametrize("pos", [-1, -40, -4096, -(2**63)])
+def test_room_needed_refuses_a_position_before_the_buffer(pos):
+    """BatchFilter.room_needed scanned the header at any position: a negative one read the
+    bytes before the buffer (ASan: heap-buffer-overflow in scan_one's rd_i32)."""
+    with pytest.raises(InvalidArgumentError, match="outside the buffer"):
+        _core.BatchFilter.room_needed(_batch(), pos)
+
+
+@pytest.mark.parametrize("pos", [-1, -40, -4096, -(2**63)])
+def test_filter_one_refuses_a_position_before_the_buffer(pos):
+    """BatchFilter.filter_one: the same read before the buffer, before any output check."""
+    with pytest.raises(InvalidArgumentError, match="outside the buffer"):
+        _filter().filter_one(_batch(), pos, 2, False, False, bytearray(4096), 0)
+
+
+def test_room_needed_and_filter_one_still_take_a_batch_and_name_damage():
+    """The checks refuse only positions outside the buffer: a batch is measured and filtered
+    as before, a position past its end is no batch, and a damaged header is corrupt data."""
+    buf = _batch()
+    assert _core.BatchFilter.room_needed(buf, 0) >= len(buf)
+    out = bytearray(4096)
+    op, rebuilt = _filter().filter_one(buf, 0, 2, False, False, out, 0)
+    assert out[:op] == buf and not rebuilt
+    for pos in (len(buf), len(buf) + 1):
+        with pytest.raises(InvalidArgumentError):
+            _core.BatchFilter.room_needed(buf, pos)
+    buf[8:12] = (3).to_bytes(4, "big")   # size field below the 14-byte minimum
+    with pytest.raises(CorruptRecordError) as e:
+        _core.BatchFilter.room_needed(buf, 0)
+    assert e.value.position == 0
+    with pytest.raises(CorruptRecordError) as e:
+        _filter().filter_one(buf, 0, 2, False, False, bytearray(4096), 0, file="x.log")
+    assert (e.value.file, e.value.position) == ("x.log", 0)
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+@pytest.mark.parametrize("pos,size", [(2**62, 2**62), (2**63 - 1, 61), (61, 2**63 - 1),
+                                      (1, 2**63 - 1)])
+def test_compress_batch_at_refuses_a_range_whose_end_wraps(codec, pos, size):
+    """compress_batch_at checked ``pos + size > len(out)``: with a sum past 2**63 - 1 it wrapped
+    negative and passed; the Python slices of the range came out empty, the result bytearray
+    lost its header, and the header fields were written and read past its end (ASan:
+    heap-buffer-overflow in _compress_batch) while the CRC read beyond it."""
+    with pytest.raises(InvalidArgumentError, match="no batch at"):
+        _core.compress_batch_at(_batch(), pos, size, codec)
+
+
+def test_compress_batch_at_still_compresses_the_batch_at_a_range():
+    buf = bytearray(b"\0" * 7) + _batch()
+    out = _core.compress_batch_at(buf, 7, len(buf) - 7, 1)
+    recs = _core.decode_records(out)
+    assert [(r.offset, r.key, r.value) for r in recs] == [(10, b"key", b"value")]
+    with pytest.raises(InvalidArgumentError):
+        _core.compress_batch_at(buf, 7, len(buf) - 6, 1)   # one byte past the end
