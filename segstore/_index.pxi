@@ -53,8 +53,9 @@ def index_lookup(buf, Py_ssize_t entries, int64_t target, bint time_index=False)
     """Slot of the floor entry for ``target`` (a relative offset, or a timestamp), or -1."""
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t size = TIME_ENTRY if time_index else OFFSET_ENTRY
-    if entries < 0 or entries * size > view.shape[0]:
-        raise ValueError(f"{entries} entries do not fit an index buffer of {view.shape[0]} bytes")
+    if entries < 0 or entries > view.shape[0] // size:   # entries * size could wrap
+        raise InvalidArgumentError(f"{entries} entries do not fit an index buffer of "
+                                   f"{view.shape[0]} bytes")
     cdef const uint8_t* b = _ptr(view)
     cdef Py_ssize_t slot
     with nogil:
@@ -71,8 +72,9 @@ def index_check(buf, Py_ssize_t entries, bint time_index=False):
     """
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t size = TIME_ENTRY if time_index else OFFSET_ENTRY
-    if entries < 0 or entries * size > view.shape[0]:
-        raise ValueError(f"{entries} entries do not fit an index buffer of {view.shape[0]} bytes")
+    if entries < 0 or entries > view.shape[0] // size:   # entries * size could wrap
+        raise InvalidArgumentError(f"{entries} entries do not fit an index buffer of "
+                                   f"{view.shape[0]} bytes")
     cdef const uint8_t* b = _ptr(view)
     cdef Py_ssize_t i, bad = -1
     cdef int32_t rel, prev_rel = -1

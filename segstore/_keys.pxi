@@ -55,7 +55,8 @@ def first_null_key(buf, batches, file=None):
         if attributes & ATTR_CONTROL:
             seen += n
             continue
-        if pos < 0 or size < V2_HEADER_C or pos + size > view.shape[0] or n < 0:
+        if (pos < 0 or size < V2_HEADER_C or pos > view.shape[0]
+                or size > view.shape[0] - pos or n < 0):
             raise CorruptRecordError("batch outside the buffer", file=file, position=pos)
         codec = attributes & ATTR_CODEC
         if codec:

@@ -280,7 +280,7 @@ def set_base_offset(buf, position, base_offset, partition_leader_epoch=None):
                                   InvalidRecordError, -0x80000000, 0x7FFFFFFF,
                                   "an int of 32 signed bits", InvalidRecordError)
     cdef uint8_t[::1] view = _byte_buffer(buf, "buf", True)
-    if pos < 0 or pos + V2_HEADER_C > view.shape[0]:
+    if pos < 0 or pos > view.shape[0] - V2_HEADER_C:   # pos + 61 could wrap
         raise InvalidArgumentError(f"no v2 batch header at position {position}")
     if view[pos + 16] != 2:
         raise InvalidArgumentError(f"batch at position {position} is not magic 2")

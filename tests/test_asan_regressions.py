@@ -86,3 +86,52 @@ def test_compress_batch_at_still_compresses_the_batch_at_a_range():
     assert [(r.offset, r.key, r.value) for r in recs] == [(10, b"key", b"value")]
     with pytest.raises(InvalidArgumentError):
         _core.compress_batch_at(buf, 7, len(buf) - 6, 1)   # one byte past the end
+
+
+@pytest.mark.parametrize("position,size", [(2**63 - 10, 100), (2**63 - 61, 61),
+                                           (2**62, 2**31 - 1)])
+def test_first_null_key_refuses_a_row_whose_end_wraps(position, size):
+    """first_null_key checked a row's ``position + size`` against the buffer: wrapped
+    negative, it passed, and the record walk read at ``buf + position`` (SIGSEGV; ASan: SEGV
+    in read_varint)."""
+    buf = _batch()
+    rows = np.zeros(1, dtype=_core.BATCH_DTYPE)
+    rows["position"] = position
+    rows["size"] = min(size, 2**31 - 1)
+    rows["records_count"] = 1
+    with pytest.raises(CorruptRecordError, match="outside the buffer") as e:
+        _core.first_null_key(buf, rows, "x.log")
+    assert (e.value.file, e.value.position) == ("x.log", position)
+    assert _core.first_null_key(buf, _core.scan_batches(buf).batches) is None
+
+
+@pytest.mark.parametrize("time_index,entries", [(False, 2**61), (False, 2**61 + 1),
+                                                (False, 2**63 - 1), (True, 2**62 + 1),
+                                                (True, 6148914691236517206)])
+def test_index_kernels_refuse_entry_counts_whose_size_wraps(time_index, entries):
+    """index_lookup and index_check checked ``entries * entry_size > len(buf)``: the product
+    wrapped (2**61 offset entries are 2**64 bytes: 0), the check passed, and the binary search
+    read entries far outside the buffer (ASan: heap-buffer-overflow in _index_key; the normal
+    build returned a slot past the end, or crashed)."""
+    buf = bytearray(96)
+    with pytest.raises(InvalidArgumentError, match="do not fit"):
+        _core.index_lookup(buf, entries, 5, time_index)
+    with pytest.raises(InvalidArgumentError, match="do not fit"):
+        _core.index_check(buf, entries, time_index)
+    size = 12 if time_index else 8
+    assert _core.index_check(buf, len(buf) // size, time_index) >= -1
+    assert _core.index_lookup(buf, len(buf) // size, 5, time_index) >= -1
+
+
+@pytest.mark.parametrize("position", HUGE + [-1])
+def test_set_base_offset_refuses_a_position_whose_header_end_wraps(position):
+    """set_base_offset checked ``position + 61 > len(buf)``: a position near 2**63 wrapped the
+    sum negative, and the magic byte was read, then the base offset written, about 2**63 bytes
+    away (SIGSEGV on the normal build)."""
+    buf = _batch()
+    before = bytes(buf)
+    with pytest.raises(InvalidArgumentError, match="no v2 batch header"):
+        _core.set_base_offset(buf, position, 5)
+    assert buf == before
+    _core.set_base_offset(buf, 0, 5)
+    assert _core.decode_records(buf)[0].offset == 5
