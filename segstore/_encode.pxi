@@ -78,7 +78,10 @@ cdef int _bytes_arg(object o, list keep, const uint8_t** p, int32_t* n, str what
         except (TypeError, ValueError, BufferError):
             raise InvalidRecordError(
                 f"{what} {i} must be bytes-like, str or None, not {type(o).__name__}") from None
-        keep.append(o)
+        # The export itself, not just the object: until the batch is written, a bytearray
+        # cannot be resized (its bytes moved and freed under p[0]) by code that runs
+        # meanwhile, such as a caller's headers iterable.
+        keep.append(v)
         length = v.shape[0]
         p[0] = _ptr(v)
     if length > MAX_RECORD_FIELD:
@@ -146,9 +149,15 @@ cdef struct _HeaderIn:
 
 
 cdef object _fast_sequence(object seq, str what):
-    """``seq`` as a list or tuple (its items then read without a call per item)."""
-    if type(seq) is list or type(seq) is tuple:
+    """``seq`` as a tuple or a list of our own (its items then read without a call per item).
+
+    A caller's list is copied to a tuple: the encoder keeps pointers into the items' bytes
+    while it runs code that can call back into Python (a headers iterable, a key's
+    ``__class__``), and a callback that empties the list would free them under it."""
+    if type(seq) is tuple:
         return seq
+    if type(seq) is list:
+        return tuple(<list>seq)
     if isinstance(seq, (str, bytes, bytearray, memoryview)):
         # One value, not a sequence: "abc" would be three records, b"ab" two timestamps.
         raise InvalidRecordError(f"{what} must be a sequence, not one {type(seq).__name__}")

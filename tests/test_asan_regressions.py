@@ -135,3 +135,52 @@ def test_set_base_offset_refuses_a_position_whose_header_end_wraps(position):
     assert buf == before
     _core.set_base_offset(buf, 0, 5)
     assert _core.decode_records(buf)[0].offset == 5
+
+
+# ------------------------------------------------------------------------------------------------
+# encode_batch: pointers into the caller's objects, kept across callbacks into Python
+
+
+def test_encode_batch_holds_a_bytearray_value_a_headers_iterable_resizes():
+    """encode_batch took a pointer into a bytearray value, released the buffer export, then
+    iterated the headers, which run the caller's code: resizing the bytearray there moved its
+    bytes, and the record was copied from the freed block (ASan: heap-use-after-free in
+    memcpy <- _write_record_head <- _encode_records). The export is now held until the batch
+    is written, so the resize fails in the caller's code instead."""
+    value = bytearray(b"v" * 4096)
+    seen = []
+
+    class Resizing:
+        def __iter__(self):
+            try:
+                value.extend(b"w" * (1 << 20))   # would move the bytes
+                del value[:]
+            except BufferError as e:
+                seen.append(e)
+            return iter([("h", b"x")])
+
+    out = _core.encode_batch([value], [b"k"], headers=[Resizing()], timestamps_ms=[1])
+    assert len(seen) == 1 and len(value) == 4096
+    rec, = _core.decode_records(out)
+    assert (rec.key, rec.value, rec.headers) == (b"k", b"v" * 4096, (("h", b"x"),))
+
+
+def test_encode_batch_holds_values_a_headers_iterable_drops_from_their_list():
+    """The same through the values list: encode_batch read the caller's list in place and
+    kept pointers into its bytes objects; a headers iterable that empties the list freed
+    them (the list held their only references) before they were copied (ASan:
+    heap-use-after-free). The list is now copied to a tuple first."""
+    values = [bytes(4096) + bytes([i]) for i in range(3)]
+    keys = [b"k%d" % i for i in range(3)]
+
+    class Emptying:
+        def __iter__(self):
+            values.clear()
+            keys.clear()
+            return iter([])
+
+    out = _core.encode_batch(values, keys, headers=[Emptying(), None, None],
+                             timestamps_ms=[1, 2, 3])
+    recs = _core.decode_records(out)
+    assert [(r.key, r.value) for r in recs] == [(b"k%d" % i, bytes(4096) + bytes([i]))
+                                                for i in range(3)]
