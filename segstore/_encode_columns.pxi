@@ -327,9 +327,10 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, base_offset=0,
     job.log_append_time = -1 if log_append_time_ms is None else log_append_time_ms
     job.crc = codec == 0
     # The buffers themselves, not just the column objects (whose arrays a caller could swap):
-    # if the wait for the other thread is interrupted, it still reads them.
+    # if the wait for the other thread is interrupted, it still reads them, and still writes
+    # its batches' headers into hdr_arr.
     job.keep = (values, keys, ts_arr, starts_arr, positions_arr, order_arr, vd, vo, vv,
-                (kd, ko, kv) if keys is not None else None)
+                (kd, ko, kv) if keys is not None else None, hdr_arr)
     cdef uint8_t[::1] hv = hdr_arr.view(np.uint8)
     job.hdrs = <BatchHeader*>&hv[0] if nbatches else NULL
     # Batches are independent once planned: two threads write (and checksum) halves.

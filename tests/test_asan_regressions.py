@@ -184,3 +184,57 @@ def test_encode_batch_holds_values_a_headers_iterable_drops_from_their_list():
     recs = _core.decode_records(out)
     assert [(r.key, r.value) for r in recs] == [(b"k%d" % i, bytes(4096) + bytes([i]))
                                                 for i in range(3)]
+
+
+# ------------------------------------------------------------------------------------------------
+# encode_columns interrupted while its second thread writes
+
+
+def test_an_interrupted_encode_columns_keeps_its_header_array_until_its_thread_is_done(
+        monkeypatch):
+    """encode_columns' second thread writes each batch's header (BatchHeader) into the array
+    the call returns. The job kept the inputs and the output buffer alive for a second thread
+    still running after the caller's wait was interrupted (test_buffer_pool_review.py), but
+    not that header array: the call unwound, numpy freed it, and the late writer wrote its
+    batches' headers into the freed block (ASan: heap-use-after-free WRITE in _write_columns
+    <- _EncodeJob.write, on the second thread). Same-sized arrays made meanwhile must come
+    through the late writes untouched."""
+    import threading
+
+    import numpy as np
+    from segstore.columns import BinaryColumn
+
+    n, per_batch = 20_000, 500
+    nbatches = n // per_batch
+    gate, futures = threading.Event(), []
+    real = _core._second_core
+
+    class Interrupted:
+        def result(self):
+            raise KeyboardInterrupt
+
+    def second_core(fn, *args):
+        if getattr(fn, "__name__", "") != "write":
+            return real(fn, *args)
+
+        def late(*a):
+            gate.wait(20)
+            return fn(*a)
+        futures.append(real(late, *args))
+        return Interrupted()
+
+    old_min = _core._set_parallel_min_bytes(0)        # always two threads
+    monkeypatch.setattr(_core, "_second_core", second_core)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _core.encode_columns(BinaryColumn.from_fixed(np.full((n, 100), 5, dtype=np.uint8)),
+                                 None, np.arange(n, dtype=np.int64), records_per_batch=per_batch)
+    finally:
+        monkeypatch.setattr(_core, "_second_core", real)
+        _core._set_parallel_min_bytes(old_min)
+    # Arrays the size of the header array, made after the call unwound: one may get its block.
+    probes = [np.full(nbatches * _core.BATCH_DTYPE.itemsize, 0xAB, dtype=np.uint8)
+              for _ in range(32)]
+    gate.set()
+    assert futures[0].result(timeout=20) == 0
+    assert all((p == 0xAB).all() for p in probes), "a late header write landed in a new array"
