@@ -2,7 +2,7 @@
 
 A mixin of :class:`segstore.log.PartitionLog`: a read-only log re-lists its directory before
 each read, picks up new and vanished segments, notices a file the writer replaced (truncation
-writes a new file under the old name), and ends at the last complete, CRC-valid batch of the
+writes a new file under the old name, a cleaning round swaps in its cleaned copy), and ends at the last complete, CRC-valid batch of the
 active segment, scanning only the bytes added since its last look.
 """
 
@@ -36,15 +36,14 @@ class ReadOnlyFollower:
         the same), ``.swap`` ones in place of the ``.log`` files they replace."""
         prev = self._state.segments
         old = {(s.base_offset, s.suffix): s for s in prev}
-        # When the listing is unchanged only the tail can have changed; otherwise (a roll,
-        # a deletion, a truncation) every segment is checked for a replaced file.
-        same_listing = [(s.base_offset, s.suffix) for s in prev] == listing
         segs = []
-        for i, (b, suffix) in enumerate(listing):
+        for b, suffix in listing:
             s = old.get((b, suffix))
-            check = s is not None and (not same_listing or i == len(listing) - 1)
-            if check and _replaced(s):
-                s.close()  # truncated by the writer: a new file took the old one's name
+            # Every segment, also when the listing is the one of the last look: a cleaning
+            # round swaps a sealed segment for its cleaned copy under the same name, as
+            # truncation writes a new file under the old one's.
+            if s is not None and _replaced(s):
+                s.close()  # a new file took the old one's name: read that one
                 s = None
             if s is None:
                 try:
