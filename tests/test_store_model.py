@@ -126,13 +126,13 @@ def read_offset_checkpoint(path) -> dict:
 def headers_for(keys, values) -> list:
     """Every appended record but append_columns' carries one header derived from its key and
     value, so a check can tell what it must be."""
-    return [[("h", b"h:" + (v if v is not None else (k or b"")))] for k, v in zip(keys, values)]
+    return [[("h", b"h:" + (v if v is not None else (k or b""))[:8])] for k, v in zip(keys, values)]
 
 
 def header_of(t, r) -> tuple:
     if r.offset in t.no_headers:
         return ()
-    return (("h", b"h:" + (r.value if r.value is not None else (r.key or b""))),)
+    return (("h", b"h:" + (r.value if r.value is not None else (r.key or b""))[:8]),)
 
 
 class TopicState:
@@ -177,7 +177,7 @@ class StoreModel(RuleBasedStateMachine):
         self.ro = None
         self.counter = 0
         self.topics: list[TopicState] = []
-        self.round_nows: set[int] = set()
+        self.round_horizons: set[int] = set()   # each round's now + delete.retention.ms
         self.steps = 0
 
     def teardown(self):
@@ -204,6 +204,7 @@ class StoreModel(RuleBasedStateMachine):
              two_topics, append_time):
         self.min_lag, self.max_lag = lags
         self.dr = dr
+        self.compacting = True
         self.store_config = {"log.cleaner.dedupe.buffer.size": 24 * slots}
         self.store = segstore.open(self.root, clock=self.clock, config=self.store_config)
         lat = {"message.timestamp.type": "LogAppendTime"}
@@ -246,7 +247,7 @@ class StoreModel(RuleBasedStateMachine):
             key = None if (k < 0 and not t.compact) else b"k%d" % abs(k)
             keys.append(key)
             values.append(None if tomb and key is not None
-                          else b"v%d" % self.counter + b"x" * (self.counter % 23))
+                          else b"v%d" % self.counter + b"x" * (self.counter % 13))
             stamps.append(self.clock.now if t.append_time else self.clock.now + jitter)
         return keys, values, stamps
 
@@ -404,12 +405,15 @@ class StoreModel(RuleBasedStateMachine):
     def compact(self, force, everything):
         t = self.topics[0]
         now = self.clock.now
+        if not self.compacting:
+            assert self.store.compact(force=force) == []
+            return
         if everything:
             results = self.store.compact(force=force)
         else:
             results = self.store.compact(COMPACTED, 0, force=force)
         if results:
-            self.round_nows.add(now)
+            self.round_horizons.add(now + self.dr)
         for stats in results:
             t.rounds.append((now, stats.end_offset))
             t.round_end_max = max(t.round_end_max, stats.end_offset)
@@ -436,6 +440,24 @@ class StoreModel(RuleBasedStateMachine):
             assert r.offset >= latest.get(r.key, -1), \
                 ("compaction left an older record of a key", t.name, r.offset, r.key,
                  latest.get(r.key), end)
+
+    @rule(policy=st.sampled_from(["compact", "compact,delete", "delete"]),
+          seg_bytes=st.sampled_from([None, 300, 600, 1200]),
+          dr=st.sampled_from([None, 0, 3_000, 30_000]),
+          ratio=st.sampled_from([None, 0.0, 0.5]))
+    def alter_compacted(self, policy, seg_bytes, dr, ratio):
+        """alter_topic_config of the compacted topic: its policy (for a while not compacted
+        at all), segment size, tombstone retention and dirty ratio."""
+        new = {"cleanup.policy": policy}
+        if seg_bytes is not None:
+            new["segment.bytes"] = seg_bytes
+        if dr is not None:
+            new["delete.retention.ms"] = dr
+            self.dr = dr
+        if ratio is not None:
+            new["min.cleanable.dirty.ratio"] = ratio
+        self.store.alter_topic_config(COMPACTED, new)
+        self.compacting = "compact" in policy
 
     @rule()
     def retention(self):
@@ -727,7 +749,7 @@ class StoreModel(RuleBasedStateMachine):
             if off in t.horizons:
                 assert hz == t.horizons[off], ("a delete horizon moved", off)
             elif off in marks or got[off][1] is None:
-                assert hz - self.dr in self.round_nows, ("horizon of no round", off, hz)
+                assert hz in self.round_horizons, ("horizon of no round", off, hz)
                 t.horizons[off] = hz
         assert not (gone and not t.rounds), ("removed without compaction", sorted(gone))
         for off in sorted(gone):
