@@ -859,3 +859,45 @@ def test_a_read_only_follower_sees_a_segment_the_cleaner_replaced(tmp_path, dela
         if ro is not None:
             ro.close()
         store.close()
+
+
+def test_a_group_whose_indexes_were_full_is_cleaned_into_one_segment(tmp_path):
+    # Grouping bounds a group by its segments' index bytes (Kafka's groupSegmentsBySize), but
+    # the cleaned segment is indexed batch by batch, where a source segment's first batch had
+    # no entry: merging a cleaned segment whose offset index was full (3 entries of 24 bytes)
+    # with the next one (1 batch, no entry) needed 4 entries, and the round failed with
+    # "index ....index.cleaned is full", leaving the partition uncleanable until restart.
+    store = segstore.open(str(tmp_path), clock=FakeClock(T0))
+    try:
+        store.create_topic("t", 1, config={"cleanup.policy": "compact",
+                                           "min.cleanable.dirty.ratio": 0.0,
+                                           "segment.index.bytes": 24,
+                                           "index.interval.bytes": 0})
+        lg = store.partition("t", 0)
+
+        def app(i):
+            lg.append_batch([b"v%d" % i], keys=[b"k%d" % i], timestamps_ms=[T0])
+        for i in range(5):
+            app(i)                  # two batches a segment: the time index is then full
+        lg.roll()
+        app(5)
+        assert len(store.compact("t", 0, force=True)) == 1
+        assert [s.base_offset for s in lg.segments] == [0, 4, 5]
+        assert lg.segments[0].offset_index.entries == 3     # full
+        app(6)
+        lg.roll()
+        app(7)
+        assert len(store.compact("t", 0, force=True)) == 1
+        assert [s.base_offset for s in lg.segments] == [0, 5, 7]
+        assert store.metrics()["uncleanable-partitions-count"] == 0
+        assert [r.offset for r in lg.iter_records()] == list(range(8))
+        assert lg.offset_for_time(T0)[:2] == (0, T0)
+        assert store.verify() == []
+    finally:
+        store.close()
+    store = segstore.open(str(tmp_path))
+    try:
+        assert store.verify() == []
+        assert [r.offset for r in store.partition("t", 0).iter_records()] == list(range(8))
+    finally:
+        store.close()

@@ -444,6 +444,15 @@ class Cleaner(OffsetMapBuild):
         _core.finish_crcs(out, 0, n)
         data = memoryview(out)[:n]
         batches = _core.scan_batches(data).batches
+        # A group's index bytes fit one segment's (Kafka's grouping), but Kafka's cleaned
+        # segment takes one index entry per append call, segstore's one per batch by the
+        # sparse rule: a segment's first batch, which had none, may need one here, so a
+        # group whose indexes were full can overflow. The cleaned segment is sealed and
+        # trimmed after this, so its files grow instead, as a recovery's rebuild does.
+        for index, reserve in ((dest.offset_index, 0), (dest.time_index, 1)):
+            need = index.entries + len(batches) + reserve
+            if need > index.max_entries:
+                index.resize((need + 1) * index.entry_size)
         dest.append(data, batches)
         self.throttler.maybe_throttle(n)
 
