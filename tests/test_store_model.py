@@ -35,7 +35,30 @@ segstore's code. After every step, for each topic:
   iter_records, in strictly increasing offsets; read_columns gives them too (both levels);
 * offset_for_time(ts) is the first record read (log order) at or after the log start whose
   timestamp is at least ts; EARLIEST / LATEST are the log start / end;
+* after compact(): no record of a key is left below the key's latest decided, non-aborted
+  record below the last round's end (a round cleans every segment from the first);
+* every record carries the header its append gave it (none from append_columns) and the
+  topic's timestamp type (LogAppendTime topics: the clock at the append);
+* producer state: active_producers() is each producer's epoch and last data offset at that
+  epoch, as the oracle replays them (idempotent producers retry their last batch, which is not
+  written again; transactional ones keep their epoch across transactions). After a truncation
+  into a range a round cleaned, a producer with batches there is taken as unknown (Kafka
+  rebuilds its state from the batches the cleaner kept) until its next epoch;
+* a read-only store opened beside the writer (reopened with it) has the same log end and, from
+  the later of the two log starts, the same records and read_committed offsets; its last
+  stable offset is the oracle's for its own log start;
 * the cleaner checkpoint is at most the log end; store.verify() finds nothing.
+
+The compacted topic's config is altered between steps (cleanup.policy, also to delete for a
+while, segment.bytes, delete.retention.ms, min.cleanable.dirty.ratio).
+
+Left out: cleaner threads and crashes inside a cleaner swap (test_cleaner_model does those),
+segment.index.bytes / segment.ms / min.compaction.lag.ms alterations, more than one partition
+per topic, producer expiration (the clock never moves a day), exact retention choices
+(test_retention_model checks them; here only that the start moves forward and records below it
+go), and after a truncation below data a round cleaned the latest-value check is loose for keys
+whose latest record lies below the truncation point (what the round removed is gone for good,
+as after Kafka's unclean leader election).
 
 Deterministic by default; STORE_MODEL_RANDOM=1 with STORE_MODEL_EXAMPLES / STORE_MODEL_STEPS
 explores further.
@@ -587,7 +610,7 @@ class StoreModel(RuleBasedStateMachine):
                 t.truncated_to = None
 
     def _check(self, t: TopicState):
-        lg, o = self.lg(t), self.oracle_of(t)
+        lg, o = self.lg(t), t.oracle
         leo = lg.log_end_offset
         assert leo == o.leo, (t.name, leo, o.leo)
         if t.truncated_to is None and t.crash_start is None:
@@ -730,9 +753,6 @@ class StoreModel(RuleBasedStateMachine):
         cols = ro.read_columns(frm, isolation_level=RC)
         assert cols.offsets.tolist() == [r.offset for r in self.lg(t).iter_records(
             frm, isolation_level=RC)], ("follower's read_committed", t.name)
-
-    def oracle_of(self, t):
-        return t.oracle
 
     def _check_compacted(self, t, lg, start, got, marks, headers, gone, records, aborted,
                          markers, undecided):
