@@ -24,6 +24,8 @@ class ReadOnlyFollower:
     _fresh_crc = None
     # (names, their segment files) of the last listing: names are parsed only when they change.
     _listing_memo = None
+    # {segment log file name: inode number} of the last listing.
+    _listed_inodes: dict = {}
 
     def _take_fresh_crc(self):
         """The tail range refreshes CRC-checked since the last read, for that read only (later
@@ -42,7 +44,8 @@ class ReadOnlyFollower:
             # Every segment, also when the listing is the one of the last look: a cleaning
             # round swaps a sealed segment for its cleaned copy under the same name, as
             # truncation writes a new file under the old one's.
-            if s is not None and _replaced(s):
+            if s is not None and self._listed_inodes.get(s._ro_name) != s._inode \
+                    and _replaced(s):  # the listing's inode is free; stat only when it differs
                 s.close()  # a new file took the old one's name: read that one
                 s = None
             if s is None:
@@ -52,6 +55,7 @@ class ReadOnlyFollower:
                 except FileNotFoundError:
                     continue  # deleted or renamed since the listing: listed again
                 s._ro_scan = (0, 0, None)  # (file length seen, valid end, next offset)
+                s._ro_name = os.path.basename(s.log_path)
             segs.append(s)
         swaps = [s for s in segs if s.suffix == SWAP_SUFFIX]
         if swaps:
@@ -65,9 +69,18 @@ class ReadOnlyFollower:
         each call, whose names are parsed again only when they differ from the last call's
         (the same names in the same order: the same segment files)."""
         try:
-            names = os.listdir(self.directory)
+            with os.scandir(self.directory) as it:
+                entries = list(it)
         except FileNotFoundError:
+            self._listed_inodes = {}
             return []
+        names = [e.name for e in entries]
+        # The segment files' inode numbers come with the listing (no stat on Linux): a held
+        # segment whose name now has another inode was replaced (a cleaning round's swap, a
+        # truncation's new file). A file system whose listing reports other numbers than stat
+        # (some overlay set-ups) only costs the stat that confirms each.
+        kinds = _KINDS
+        self._listed_inodes = {e.name: e.inode() for e in entries if e.name[20:] in kinds}
         memo = self._listing_memo
         if memo is not None and memo[0] == names:
             return memo[1]

@@ -18,14 +18,17 @@ def _store(path: str) -> str:
 
 
 def _counting_listdir(monkeypatch) -> list:
+    """The directories listed from now on (by os.listdir or os.scandir), by base name."""
     seen: list = []
-    real = os.listdir
 
-    def listdir(path="."):
-        seen.append(os.path.basename(os.path.normpath(path)))
-        return real(path)
+    def counting(real):
+        def listing(path="."):
+            seen.append(os.path.basename(os.path.normpath(path)))
+            return real(path)
+        return listing
 
-    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "listdir", counting(os.listdir))
+    monkeypatch.setattr(os, "scandir", counting(os.scandir))
     return seen
 
 
