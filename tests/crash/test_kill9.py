@@ -51,6 +51,7 @@ from segstore.columns import BinaryColumn
 from segstore.config import TopicConfig
 from segstore.log import PartitionLog
 from segstore.records import TopicPartition
+from segstore.topic import PARTITION_MARKER
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -260,7 +261,8 @@ def stray_files(path: str) -> list[str]:
     out = []
     for t in cw.TOPICS:
         d = os.path.join(path, f"{t}-0")
-        out += [f"{t}-0/{n}" for n in os.listdir(d) if not SEGMENT_FILE.fullmatch(n)]
+        out += [f"{t}-0/{n}" for n in os.listdir(d)
+                if not SEGMENT_FILE.fullmatch(n) and n != PARTITION_MARKER]
     return out
 
 
