@@ -43,6 +43,7 @@ import segstore
 from conftest import FakeClock, batch_spans, v2_header
 from segstore.errors import OffsetOutOfRangeError
 from segstore.retention import LOG_START_OFFSET, RETENTION_BYTES, RETENTION_MS
+from segstore.topic import PARTITION_MARKER
 
 T0 = 1_700_000_000_000
 TOPIC = "t"
@@ -517,7 +518,7 @@ class RetentionModel(RuleBasedStateMachine):
             assert m.start <= m.leo and m.rp <= m.leo
             # The files: exactly the model's segments, byte for byte, and the .deleted ones.
             d = self.path(p)
-            names = os.listdir(d)
+            names = [n for n in os.listdir(d) if n != PARTITION_MARKER]
             assert log_names(d) == [f"{s.base:020d}.log" for s in m.segs], p
             assert sorted(n for n in names if n.endswith(".log.deleted")) == \
                 sorted(f"{b:020d}.log.deleted" for _, b in m.pending), p
