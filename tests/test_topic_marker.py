@@ -14,7 +14,7 @@ from segstore.cli import main
 from segstore.errors import CorruptMetadataError
 from segstore.topic import PARTITION_MARKER, discover_topics
 
-from tests.test_topic_damage import meta_file, run, two_topic_store
+from test_topic_damage import meta_file, run, two_topic_store
 
 MARKER = PARTITION_MARKER
 
