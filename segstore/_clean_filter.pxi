@@ -380,7 +380,7 @@ cdef class BatchFilter:
         if op < 0 or op > ov.shape[0]:
             raise InvalidArgumentError("out_pos outside the output buffer")
         with nogil:
-            st = _filter_run(&self.mc, &self.fc, _ptr(view), &pos, e, &ov[0], &op,
+            st = _filter_run(&self.mc, &self.fc, _ptr(view), &pos, e, <uint8_t*>_ptr(ov), &op,
                              ov.shape[0])
         if st == ST_END:
             return (FILTER_DONE, pos, op)
