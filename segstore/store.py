@@ -490,21 +490,23 @@ class LogStore(TopicAdmin, ScheduledTasks):
         self.cleaner.release_memory()
         with self._lock:
             if not self.readonly:
-                closed = run_jobs(self.config.num_recovery_threads_per_data_dir,
-                                  [lg.close for lg in self._logs.values()])
-                errors = [e for _, e in closed if e is not None]
-                for e in errors:
-                    if not isinstance(e, KafkaStorageError):
-                        raise e
-                failures = errors  # offline logs; the others are still closed
+                failures = []
                 try:
+                    closed = run_jobs(self.config.num_recovery_threads_per_data_dir,
+                                      [lg.close for lg in self._logs.values()])
+                    failures = [e for _, e in closed if e is not None]
+                    for e in failures:
+                        if not isinstance(e, KafkaStorageError):
+                            raise e   # a bug, not an offline log: no checkpoints, no marker
                     self._deletes.delete_due(None)
                     self.write_checkpoints()
                     # An offline log's files may disagree with its recovery point: the next
                     # open must recover, as after a crash.
                     if not any(lg.offline for lg in self._logs.values()):
                         create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
-                finally:   # a full disk must not keep the store locked until the process exits
+                finally:
+                    # Whatever failed, the store must not stay locked until the process exits;
+                    # without the marker the next open recovers, as after a crash.
                     self._file_lock.release()
                     self._closed = True
                 if failures:

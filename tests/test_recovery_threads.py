@@ -137,6 +137,38 @@ def test_a_log_going_offline_while_closing_on_threads_still_closes_the_rest(tmp_
             [b"v0", b"v1", b"v2", b"v3"]
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_close_failing_with_a_non_storage_error_still_releases_the_lock(tmp_path,
+                                                                         monkeypatch, threads):
+    # Not an offline log but a bug (here a RuntimeError from one log's close): the error
+    # reaches the caller, and the store is still closed and unlocked, without the
+    # clean-shutdown marker, so the next open recovers as after a crash.
+    path = str(tmp_path / "s")
+    store = segstore.open(path, {"num.recovery.threads.per.data.dir": threads},
+                          clock=FakeClock())
+    store.create_topic("t", 4)
+    for p in range(4):
+        store.partition("t", p).append_batch([b"v%d" % p])
+    for p in range(4):
+        store.partition("t", p).flush()
+    real = log_mod.PartitionLog.close
+
+    def close(self):
+        if self.directory.endswith("t-1"):
+            raise RuntimeError("close of t-1 failed")
+        real(self)
+
+    monkeypatch.setattr(log_mod.PartitionLog, "close", close)
+    with pytest.raises(RuntimeError, match="t-1"):
+        store.close()
+    monkeypatch.undo()
+    store.close()   # already closed: a second call does nothing
+    assert not os.path.exists(os.path.join(path, CLEAN_SHUTDOWN_FILE))
+    with segstore.open(path, clock=FakeClock()) as s:  # the lock was released
+        assert [s.partition("t", p).read(0)[0].value for p in range(4)] == \
+            [b"v0", b"v1", b"v2", b"v3"]
+
+
 def test_an_open_failing_on_threads_raises_the_first_partition_in_order(tmp_path,
                                                                        monkeypatch):
     path = str(tmp_path / "s")
