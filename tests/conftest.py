@@ -51,6 +51,31 @@ def v2_header(buf, pos: int = 0) -> dict:
     return dict(zip(V2_FIELDS, V2_HEADER.unpack_from(buf, pos)))
 
 
+def cut_unflushed_tail(src_log: str, dst_log: str, durable: int, keep: int, torn: int,
+                       log_end: int, segment_base: int) -> int:
+    """A power loss in a model test: truncate ``dst_log`` (a copy of the active segment
+    ``src_log``) so that of the batches at or above ``durable`` (not yet fsynced) only the
+    first ``keep`` survive, the next one torn ``torn`` quarters in. Returns the log end offset
+    the cut leaves (``log_end`` when every batch survives)."""
+    with open(src_log, "rb") as f:
+        data = f.read()
+    spans = batch_spans(data)
+    heads = [v2_header(data, p) for p, _ in spans]
+    unflushed = [i for i, h in enumerate(heads) if h["base_offset"] >= durable]
+    if not unflushed:
+        return log_end
+    kept = unflushed[0] + min(keep, len(unflushed))
+    length = sum(s for _, s in spans[:kept])
+    if kept < len(spans) and torn:
+        length += spans[kept][1] * torn // 4
+    with open(dst_log, "r+b") as f:
+        f.truncate(length)
+    if kept == len(spans):
+        return log_end
+    return (heads[kept - 1]["base_offset"] + heads[kept - 1]["last_offset_delta"] + 1
+            if kept else segment_base)
+
+
 def fix_crc(buf: bytearray, pos: int = 0) -> None:
     """Recompute the CRC-32C of the v2 batch at ``pos`` in place (after a deliberate edit)."""
     size = 12 + struct.unpack_from(">i", buf, pos + 8)[0]

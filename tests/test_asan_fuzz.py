@@ -176,6 +176,12 @@ def _allowed(fn, *args, **kwargs):
         return None
 
 
+def _span(buf, data) -> tuple[int, int]:
+    """A valid ``(start, end)`` window of ``buf``."""
+    start = data.draw(st.integers(0, len(buf)))
+    return start, data.draw(st.integers(start, len(buf)))
+
+
 # ------------------------------------------------------------------------------------------------
 # targets
 
@@ -183,9 +189,7 @@ def _allowed(fn, *args, **kwargs):
 @FUZZ
 @given(hostile(), st.data())
 def test_scanners(buf, data):
-    n = len(buf)
-    start = data.draw(st.integers(0, n))
-    end = data.draw(st.integers(start, n))
+    start, end = _span(buf, data)
     sr = _allowed(_core.scan_batches, buf, start, end, validate_crc=data.draw(st.booleans()),
                   raise_on_corrupt=data.draw(st.booleans()), strict=data.draw(st.booleans()),
                   max_batches=data.draw(st.one_of(st.none(), st.integers(0, 3))), file="f")
@@ -206,9 +210,7 @@ def test_scanners(buf, data):
 @FUZZ
 @given(hostile(), st.data())
 def test_record_decoders(buf, data):
-    n = len(buf)
-    start = data.draw(st.integers(0, n))
-    end = data.draw(st.integers(start, n))
+    start, end = _span(buf, data)
     lo = data.draw(st.one_of(st.none(), st.integers(0, 2**41)))
     limit = data.draw(st.one_of(st.none(), st.integers(0, 5)))
     crc = data.draw(st.booleans())

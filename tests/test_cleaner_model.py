@@ -46,7 +46,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kafka.record.memory_records import MemoryRecords as KpMemoryRecords
 
 import segstore
-from conftest import FakeClock, batch_spans, v2_header
+from conftest import FakeClock, batch_spans, cut_unflushed_tail, v2_header
 from segstore import TopicPartition, log_swap
 from segstore.records import ControlRecordType
 from test_read_model import TXN_PIDS, Model as TxnModel
@@ -357,23 +357,9 @@ class CleanerModel(RuleBasedStateMachine):
         rp = max(lg.recovery_point, self.survived)
         active = lg.segments[-1]
         shutil.copytree(self.root, new_root)
-        with open(active.log_path, "rb") as f:
-            data = f.read()
-        spans = batch_spans(data)
-        heads = [v2_header(data, p) for p, _ in spans]
-        unflushed = [i for i, h in enumerate(heads) if h["base_offset"] >= rp]
-        leo = self.oracle.leo
-        if unflushed:
-            kept = unflushed[0] + min(keep, len(unflushed))
-            length = sum(s for _, s in spans[:kept])
-            if kept < len(spans) and torn:
-                length += spans[kept][1] * torn // 4
-            path = os.path.join(new_root, f"{TOPIC}-0", os.path.basename(active.log_path))
-            with open(path, "r+b") as f:
-                f.truncate(length)
-            if kept < len(spans):
-                leo = (heads[kept - 1]["base_offset"] + heads[kept - 1]["last_offset_delta"] + 1
-                       if kept else active.base_offset)
+        path = os.path.join(new_root, f"{TOPIC}-0", os.path.basename(active.log_path))
+        leo = cut_unflushed_tail(active.log_path, path, rp, keep, torn, self.oracle.leo,
+                                 active.base_offset)
         self.store.close()
         shutil.rmtree(self.root)
         self.cut = self.oracle.leo - leo

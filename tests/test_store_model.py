@@ -77,7 +77,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import segstore
-from conftest import FakeClock, batch_spans, v2_header
+from conftest import FakeClock, batch_spans, cut_unflushed_tail, v2_header
 from segstore import TopicPartition, _core
 from segstore.columns import BinaryColumn
 from segstore.errors import RecordTooLargeError
@@ -567,23 +567,9 @@ class StoreModel(RuleBasedStateMachine):
             lg = self.lg(t)
             rp = max(lg.recovery_point, t.survived)
             active = lg.segments[-1]
-            with open(active.log_path, "rb") as f:
-                data = f.read()
-            spans = batch_spans(data)
-            heads = [v2_header(data, p) for p, _ in spans]
-            unflushed = [i for i, h in enumerate(heads) if h["base_offset"] >= rp]
-            leo = t.oracle.leo
-            if unflushed:
-                kept = unflushed[0] + min(keep, len(unflushed))
-                length = sum(s for _, s in spans[:kept])
-                if kept < len(spans) and torn:
-                    length += spans[kept][1] * torn // 4
-                path = os.path.join(new_root, f"{t.name}-0", os.path.basename(active.log_path))
-                with open(path, "r+b") as f:
-                    f.truncate(length)
-                if kept < len(spans):
-                    leo = (heads[kept - 1]["base_offset"] + heads[kept - 1]["last_offset_delta"]
-                           + 1 if kept else active.base_offset)
+            path = os.path.join(new_root, f"{t.name}-0", os.path.basename(active.log_path))
+            leo = cut_unflushed_tail(active.log_path, path, rp, keep, torn, t.oracle.leo,
+                                     active.base_offset)
             cuts[t.name] = leo
         checkpointed = read_offset_checkpoint(os.path.join(new_root, LOG_START_CHECKPOINT))
         self.store.close()
