@@ -36,17 +36,20 @@ class LoadResult:
     # Base offsets of recovered segments: their transaction index was reset and is rebuilt by
     # the producer-state replay of the log (REF §4.3 step 2).
     txn_rebuild: set = field(default_factory=set)
+    # The log end offset: the last segment's headers are walked anyway, so the log and its
+    # producer-state replay need not look it up again.
+    log_end_offset: int = 0
 
 
 def _base_offset(name: str) -> int:
     return int(name.split(".", 1)[0])
 
 
-def _segment_names(directory: str) -> list:
-    """The partition directory's segment file names, sorted; a stray file with a segment
-    suffix (``foo.log``) is left alone, with a warning."""
+def _segment_names(directory: str, listing: list) -> list:
+    """The segment file names of ``listing`` (the partition directory's, sorted); a stray
+    file with a segment suffix (``foo.log``) is left alone, with a warning."""
     names = []
-    for n in sorted(os.listdir(directory)):
+    for n in listing:
         if is_segment_file(n):
             names.append(n)
         elif n.endswith((LOG_SUFFIX, SWAP_SUFFIX, CLEANED_SUFFIX) + _INDEX_SUFFIXES):
@@ -62,14 +65,17 @@ def _remove(path: str) -> None:
         pass
 
 
-def clean_temp_files(directory: str) -> None:
-    """Phases 1-4: drop deleted/cleaned leftovers and finish interrupted swaps."""
-    for n in sorted(os.listdir(directory)):
-        if n.endswith(DELETED_SUFFIX) and not n.endswith(".checkpoint.deleted"):
-            _remove(os.path.join(directory, n))
-        elif n.endswith(".truncating"):  # a copy-on-write truncation that never finished
-            _remove(os.path.join(directory, n))
-    names = _segment_names(directory)
+def clean_temp_files(directory: str) -> list:
+    """Phases 1-4: drop deleted/cleaned leftovers and finish interrupted swaps. Returns the
+    directory's sorted listing after them (listed once when there was nothing to do: the
+    common case, and a large store opens thousands of directories)."""
+    listing = sorted(os.listdir(directory))
+    leftovers = [n for n in listing
+                 if (n.endswith(DELETED_SUFFIX) and not n.endswith(".checkpoint.deleted"))
+                 or n.endswith(".truncating")]  # a copy-on-write truncation that never finished
+    for n in leftovers:
+        _remove(os.path.join(directory, n))
+    names = _segment_names(directory, listing)
     cleaned = [n for n in names if n.endswith(CLEANED_SUFFIX)]
     swaps = [n for n in names if n.endswith(SWAP_SUFFIX)]
     min_cleaned = min((_base_offset(n) for n in cleaned), default=None)
@@ -78,6 +84,8 @@ def clean_temp_files(directory: str) -> None:
             if _base_offset(n) >= min_cleaned:  # part of a replace that never finished step 2
                 _remove(os.path.join(directory, n))
                 swaps.remove(n)
+    if not leftovers and not cleaned and not swaps:
+        return listing
     for n in cleaned:
         _remove(os.path.join(directory, n))
     log_swaps = [n for n in swaps if n.endswith(LOG_SUFFIX + SWAP_SUFFIX)]
@@ -97,13 +105,13 @@ def clean_temp_files(directory: str) -> None:
         p = os.path.join(directory, n)
         if os.path.exists(p):
             os.replace(p, p[:-len(SWAP_SUFFIX)])
+    return sorted(os.listdir(directory))
 
 
 def load_segments(directory: str, config, clock, *, recovery_point: int,
                   had_clean_shutdown: bool, log_start_offset: int) -> LoadResult:
     """Open (and where needed recover) every segment of a writable partition directory."""
-    clean_temp_files(directory)
-    names = _segment_names(directory)
+    names = _segment_names(directory, clean_temp_files(directory))
     logs = sorted(_base_offset(n) for n in names if n.endswith(LOG_SUFFIX))
     log_set = set(logs)
     for n in names:
@@ -111,10 +119,16 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
             _remove(os.path.join(directory, n))  # orphaned index
     result = LoadResult(segments=[])
     early_lost: dict[int, int] = {}
+    segments = [LogSegment(directory, base, config, clock) for base in logs]
+    # The last segment's headers are walked once, for the split's check and for the header
+    # check below (appends go there).
+    walked = segments[-1] if segments else None
+    walk = walked.scan(0, walked.size, raise_on_corrupt=False) if walked else None
     # Phase 6 first: a legacy segment whose offsets overflow is split, never cut (REF §4.4).
-    segments = split_overflowed_segments([LogSegment(directory, base, config, clock)
-                                          for base in logs], config, clock)
-    names = _segment_names(directory) if len(segments) != len(logs) else names
+    segments = split_overflowed_segments(segments, config, clock,
+                                         walk.batches if walk else None)
+    if len(segments) != len(logs):
+        names = _segment_names(directory, sorted(os.listdir(directory)))
     for seg in segments:
         base = seg.base_offset
         index_missing = not os.path.exists(os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}"))
@@ -154,22 +168,24 @@ def load_segments(directory: str, config, clock, *, recovery_point: int,
         # Appends go to the last segment, so even after a clean shutdown its batch headers are
         # walked (no CRC: cheap) and it is recovered if sizes or offsets do not add up.
         last = result.segments[-1]
-        problem = _header_problem(last)
+        same = last is walked and last.base_offset not in result.txn_rebuild  # not rewritten
+        problem, end = _header_problem(last, walk if same else None)
         if problem:
             log.warning("recovering %s: %s", last.log_path, problem)
             result.truncated_bytes += recover_segment(last, config)
             result.recovered_segments += 1
             result.txn_rebuild.add(last.base_offset)
-    if result.segments and result.segments[-1].read_next_offset() < log_start_offset:
-        for s in result.segments:
-            s.delete_files()
-        result.segments = []
+            end = last.read_next_offset()
+        if end < log_start_offset:
+            for s in result.segments:
+                s.delete_files()
+            result.segments = []
+        result.log_end_offset = end
     if not result.segments:
         result.segments.append(LogSegment(directory, log_start_offset, config, clock,
                                           preallocate=config.preallocate))
-    active = result.segments[-1]
-    active.offset_index.resize(config.segment_index_bytes)
-    active.time_index.resize(config.segment_index_bytes)
+        result.log_end_offset = log_start_offset
+    result.segments[-1].prepare_for_appends()
     return result
 
 
@@ -182,17 +198,19 @@ def _txn_index_problem(seg: LogSegment) -> bool:
         return True
 
 
-def _header_problem(seg: LogSegment):
-    """Why the segment's batch headers are inconsistent, or None."""
-    res = seg.scan(0, seg.size, raise_on_corrupt=False)
-    if res.error is not None:
-        return res.error
-    if res.torn:
-        return "incomplete batch at the end"
+def _header_problem(seg: LogSegment, res=None) -> tuple:
+    """``(why the segment's batch headers are inconsistent or None, its next offset)``; the
+    offset is only meaningful without a problem. ``res``: the walk of them, if made."""
+    if res is None:
+        res = seg.scan(0, seg.size, raise_on_corrupt=False)
     b = res.batches
+    if res.error is not None:
+        return res.error, -1
+    if res.torn:
+        return "incomplete batch at the end", -1
     if consistent_prefix(b, seg.base_offset) < len(b):
-        return "offsets outside the segment's range or not increasing"
-    return None
+        return "offsets outside the segment's range or not increasing", -1
+    return None, (int(b["last_offset"][-1]) + 1 if len(b) else seg.base_offset)
 
 
 def recover_segment(seg: LogSegment, config, next_base: Optional[int] = None) -> int:
@@ -221,7 +239,7 @@ def recover_segment(seg: LogSegment, config, next_base: Optional[int] = None) ->
     # preallocated (the rebuild resets them to segment.index.bytes), every sealed segment
     # recovered after a crash kept two index files of 10 MiB until a clean close, and another
     # crash left them so for the next open (and for a Kafka broker, which reads a whole index
-    # file as entries). The active segment's are resized again at the end of load_segments.
+    # file as entries). The active segment's grow again (prepare_for_appends).
     # (Kafka's recover also appends the final time-index entry here; segstore's close does.)
     seg.offset_index.trim_to_valid_size()
     seg.time_index.trim_to_valid_size()

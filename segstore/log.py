@@ -97,7 +97,7 @@ class PartitionLog(LogReads, LogDeletion, LogDirFailure, ReadOnlyFollower):
                                log_start_offset=log_start_offset)
         self.load_result = loaded
         segs = tuple(loaded.segments)
-        leo = segs[-1].read_next_offset()
+        leo = loaded.log_end_offset
         start = max(log_start_offset, segs[0].base_offset)
         self.recovery_point = leo if had_clean_shutdown else min(recovery_point, leo)
         self._state = _State(segs, min(start, leo), leo)

@@ -51,13 +51,15 @@ def snapshot_path(directory: str, offset: int) -> str:
     return os.path.join(directory, f"{offset:020d}{SNAPSHOT_SUFFIX}")
 
 
-def list_snapshots(directory: str) -> dict[int, str]:
-    """Producer snapshot files of a partition directory, by offset (ascending)."""
+def list_snapshots(directory: str, names: Optional[list] = None) -> dict[int, str]:
+    """Producer snapshot files of a partition directory (or among its listing ``names``), by
+    offset (ascending)."""
     out = {}
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return out
+    if names is None:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return out
     for n in names:
         if n.endswith(SNAPSHOT_SUFFIX) and n[:-len(SNAPSHOT_SUFFIX)].isdigit():
             out[int(n[:-len(SNAPSHOT_SUFFIX)])] = os.path.join(directory, n)
@@ -130,14 +132,17 @@ def read_snapshot(path: str) -> ProducerStateManager:
         return ProducerStateManager.from_snapshot_bytes(f.read(), path)
 
 
-def remove_stray_snapshots(directory: str, bases, log_end_offset: int) -> dict[int, str]:
+def remove_stray_snapshots(directory: str, bases, log_end_offset: int,
+                           names: Optional[list] = None) -> dict[int, str]:
     """Kafka's removeStraySnapshots plus the log-end bound of its truncateAndReload: delete the
     snapshots above the log end and those not at a segment base, except the newest such if it
-    lies beyond every base. Returns what is left, by offset."""
-    for n in os.listdir(directory):
+    lies beyond every base. Returns what is left, by offset. ``names``: the directory's
+    listing, when the caller has just made it."""
+    names = os.listdir(directory) if names is None else names
+    for n in names:
         if n.endswith(SNAPSHOT_SUFFIX + ".tmp"):  # a write a crash interrupted
             os.unlink(os.path.join(directory, n))
-    snaps = list_snapshots(directory)
+    snaps = list_snapshots(directory, names)
     bases = set(bases)
     top = max(bases) if bases else -1
     strays = [o for o in snaps if o not in bases]
@@ -175,21 +180,25 @@ def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
     of them writes those again (Kafka recovers each segment with the state before it), and
     also the aborted transactions of a segment that lost its ``.txnindex``.
     """
-    snaps = list_snapshots(directory)
+    names = os.listdir(directory)
+    snaps = list_snapshots(directory, names)
     if had_clean_shutdown and not recovered and not snaps:
         psm = ProducerStateManager()
         psm.map_end_offset = log_end_offset
         return psm
-    snaps = remove_stray_snapshots(directory, [s.base_offset for s in segments], log_end_offset)
+    snaps = remove_stray_snapshots(directory, [s.base_offset for s in segments], log_end_offset,
+                                   names)
     replayed = None
     if recovered:
         replayed = replay_from_snapshot(directory, segments, snaps, min(recovered),
-                                        rewrite_txn_index=recovered)
+                                        rewrite_txn_index=recovered,
+                                        log_end_offset=log_end_offset)
         snaps = list_snapshots(directory)  # without the damaged ones it met
         if not snaps or max(snaps) <= replayed.last_snapshot_offset:
             return replayed  # it started from the newest snapshot already
     state = replay_from_snapshot(directory, segments, snaps, log_end_offset,
-                                 fill_missing_txn_index=replayed is None)
+                                 fill_missing_txn_index=replayed is None,
+                                 log_end_offset=log_end_offset)
     return state
 
 
@@ -202,17 +211,20 @@ def reload_producer_state(directory: str, segments, log_end_offset: int) -> Prod
 
 def replay_from_snapshot(directory: str, segments, snaps: dict[int, str], limit: int, *,
                          rewrite_txn_index=(), fill_missing_txn_index: bool = True,
-                         ) -> ProducerStateManager:
+                         log_end_offset: Optional[int] = None) -> ProducerStateManager:
     """The newest valid snapshot at or below ``limit``, then every batch at or after it (the
-    whole log without one); see :meth:`ProducerStateManager.rebuild` for the index options."""
+    whole log without one); see :meth:`ProducerStateManager.rebuild` for the index options
+    and ``log_end_offset``."""
     offset, psm = newest_valid_snapshot(directory, snaps, limit)
     if psm is None:
         return ProducerStateManager.rebuild(segments, rewrite_txn_index=rewrite_txn_index,
-                                            fill_missing_txn_index=fill_missing_txn_index)
+                                            fill_missing_txn_index=fill_missing_txn_index,
+                                            log_end_offset=log_end_offset)
     psm.last_snapshot_offset = psm.map_end_offset = offset
     return ProducerStateManager.rebuild(segments, start=psm, from_offset=offset,
                                         rewrite_txn_index=rewrite_txn_index,
-                                        fill_missing_txn_index=fill_missing_txn_index)
+                                        fill_missing_txn_index=fill_missing_txn_index,
+                                        log_end_offset=log_end_offset)
 
 
 __all__ = ["SNAPSHOT_SUFFIX", "snapshot_path", "list_snapshots", "delete_snapshots",

@@ -319,15 +319,20 @@ class ProducerStateManager:
     @classmethod
     def rebuild(cls, segments, *, start: Optional["ProducerStateManager"] = None,
                 from_offset: int = 0, rewrite_txn_index=(),
-                fill_missing_txn_index: bool = False) -> "ProducerStateManager":
+                fill_missing_txn_index: bool = False,
+                log_end_offset: Optional[int] = None) -> "ProducerStateManager":
         """Replay the batch headers of the segments in order, from ``start`` (a snapshot's
         state, default empty) and only the batches at or after ``from_offset`` (its offset).
         Segments whose base offset is in ``rewrite_txn_index`` (their index was reset by
         recovery) get the aborted transactions completed in them appended; with
         ``fill_missing_txn_index`` so does any segment replayed whole that has no ``.txnindex``
-        file although aborted transactions complete in it."""
+        file although aborted transactions complete in it. ``log_end_offset``, when the caller
+        knows it, spares looking it up; a snapshot at it leaves nothing to replay."""
         psm = cls() if start is None else start
         rewrite = set(rewrite_txn_index)
+        end = log_end_offset
+        if end is not None and from_offset >= end:
+            segments = ()  # a clean close's snapshot at the log end: no header is read
         for i, seg in enumerate(segments):
             if i + 1 < len(segments) and segments[i + 1].base_offset <= from_offset:
                 continue  # wholly below the snapshot
@@ -346,8 +351,10 @@ class ProducerStateManager:
                             seg.txn_index.path)
                 for t in aborted:
                     seg.txn_index.append(t)
-        if segments:
-            psm.map_end_offset = max(psm.map_end_offset, segments[-1].read_next_offset())
+        if end is None and segments:
+            end = segments[-1].read_next_offset()
+        if end is not None:
+            psm.map_end_offset = max(psm.map_end_offset, end)
         return psm
 
     # -- snapshots --------------------------------------------------------------------------

@@ -8,7 +8,8 @@ truncating a segment writes the kept prefix to a new file and renames it over th
 File naming lives in :mod:`segstore.segment_files`, the checks of a segment's offsets and indexes
 (and ``verify()``) in :mod:`segstore.segment_checks`, reads by offset (``translate_offset``,
 ``read_range``) in :mod:`segstore.segment_reads`, writing whole indexes (rebuild, adoption) in
-:mod:`segstore.segment_indexing`, truncation in :mod:`segstore.segment_truncation`.
+:mod:`segstore.segment_indexing`, truncation in :mod:`segstore.segment_truncation`, its
+timestamps and file dates in :mod:`segstore.segment_timestamps`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .index import OffsetIndex, TimeIndex
 from .segment_checks import (MAX_RELATIVE_OFFSET, Problem, consistent_prefix, first_offsets,
                              sanity_check_indexes, verify_segment)
 from .segment_indexing import SegmentIndexing, sealed_index_entries
+from .segment_timestamps import SegmentTimestamps
 from .segment_truncation import SegmentTruncation
 from .segment_files import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
                             SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix,
@@ -49,7 +51,7 @@ log = logging.getLogger("segstore.segment")
 _SERIALS = itertools.count()
 
 
-class LogSegment(SegmentIndexing, SegmentTruncation):
+class LogSegment(SegmentIndexing, SegmentTruncation, SegmentTimestamps):
     """A segment: its log file, indexes, size and timestamps. Mutations are the log's job.
 
     ``config`` is a TopicConfig-like object (segment_index_bytes, index_interval_bytes, ...);
@@ -77,6 +79,7 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
         self._gone = False
         self._offset_index: Optional[OffsetIndex] = None
         self._time_index: Optional[TimeIndex] = None
+        self._grow_indexes_on_load = False  # see prepare_for_appends
         self._index_paths = [paths[INDEX_SUFFIX], paths[TIME_INDEX_SUFFIX]]
         try:
             if readonly:
@@ -161,6 +164,11 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
                     sanity_check_indexes(self, oi, ti)
                 except CorruptIndexError as e:
                     problem = e
+            if self._grow_indexes_on_load and problem is None:
+                # Before they are published: an append seeing them trimmed would roll.
+                oi.resize(self.config.segment_index_bytes)
+                ti.resize(self.config.segment_index_bytes)
+            self._grow_indexes_on_load = False   # a rebuild preallocates them itself
             self._time_index = ti
             self._offset_index = oi
         if problem is not None:
@@ -168,6 +176,17 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
             # Index what can be read; damage further on is reported by the reads that reach it.
             b = self.scan(0, raise_on_corrupt=False).batches
             self.rebuild_indexes(b[:consistent_prefix(b, self.base_offset)])
+
+    def prepare_for_appends(self) -> None:
+        """Room in both indexes for appends (``segment.index.bytes``), as Kafka's loader
+        gives the active segment. Deferred to their first use when they are not mapped yet:
+        opening a large store then touches no index of a partition nobody writes."""
+        with self._lock:
+            if self._offset_index is None:
+                self._grow_indexes_on_load = True
+                return
+            self._offset_index.resize(self.config.segment_index_bytes)
+            self._time_index.resize(self.config.segment_index_bytes)
 
     @property
     def txn_index(self) -> TransactionIndex:
@@ -258,48 +277,6 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
         if rng is not None and rng[3] is not None:
             raise rng[3]
         return None if rng is None else rng[:3]
-
-    # -- timestamps -------------------------------------------------------------------------
-    def _load_max_timestamp(self) -> tuple[int, int]:
-        ts, off = self.time_index.last_entry() if self.time_index.entries else (-1, self.base_offset)
-        _, pos = self.offset_index.lookup(off)
-        if self.size:
-            b = self.scan(min(pos, self.size)).batches
-            if len(b):
-                i = int(np.argmax(b["max_timestamp"]))
-                if b["max_timestamp"][i] > ts:
-                    ts, off = int(b["max_timestamp"][i]), int(b["last_offset"][i])
-        return ts, off
-
-    @property
-    def max_timestamp_so_far(self) -> int:
-        """Largest batch max timestamp in the segment (-1 when none)."""
-        if self._max_ts is None:
-            self._max_ts = self._load_max_timestamp()
-        return self._max_ts[0]
-
-    @property
-    def offset_of_max_timestamp(self) -> int:
-        """Last offset of the batch that holds the max timestamp."""
-        if self._max_ts is None:
-            self._max_ts = self._load_max_timestamp()
-        return self._max_ts[1]
-
-    @property
-    def largest_timestamp(self) -> int:
-        """Max timestamp, or the file's mtime when no record has a timestamp (REF §3.7)."""
-        ts = self.max_timestamp_so_far
-        return ts if ts >= 0 else self.last_modified_ms
-
-    @property
-    def last_modified_ms(self) -> int:
-        """When the segment was last written, by the store's clock if this session wrote it,
-        else its log file's mtime (which a roll, a close and a cleaning set by that clock)."""
-        if self._modified_ms is not None:
-            return self._modified_ms
-        fd = self._fd_value
-        st = os.fstat(fd) if fd is not None else os.stat(self.log_path)
-        return int(st.st_mtime * 1000)
 
     def read_next_offset(self) -> int:
         """Last batch's last offset + 1, or the base offset when empty."""
@@ -415,25 +392,6 @@ class LogSegment(SegmentIndexing, SegmentTruncation):
         self._trim_log_file()
         self._unsynced = True  # the trims change the files' lengths
         self._date_files()
-
-    def set_last_modified(self, ms: int) -> None:
-        """Date the segment (Kafka's ``lastModified_=``): its files' mtimes and
-        :attr:`last_modified_ms`, which retention and the cleaner's legacy horizon read."""
-        self._modified_ms = int(ms)
-        self._date_files()
-
-    def _date_files(self) -> None:
-        # Retention falls back on the mtime when no record has a timestamp: files written by
-        # this session carry the store's clock, so an injected clock governs them after a
-        # reopen too.
-        if self._modified_ms is None or self.readonly:
-            return
-        ns = self._modified_ms * 1_000_000
-        for path in (self.log_path, *self._index_paths):
-            try:
-                os.utime(path, ns=(ns, ns))
-            except FileNotFoundError:
-                pass
 
     def _trim_log_file(self) -> None:
         # A preallocated file is cut to its logical size (a reopen takes the length as size).

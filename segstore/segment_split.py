@@ -53,10 +53,11 @@ def overflowed_legacy_batch(seg: LogSegment) -> Optional[int]:
     return i
 
 
-def _starts_legacy(seg: LogSegment) -> bool:
+def _starts_legacy(seg: LogSegment, headers=None) -> bool:
     if seg.size == 0:
         return False
-    b = seg.scan(0, seg.size, max_batches=1, raise_on_corrupt=False).batches
+    b = (headers if headers is not None
+         else seg.scan(0, seg.size, max_batches=1, raise_on_corrupt=False).batches)
     return bool(len(b)) and int(b["magic"][0]) < 2
 
 
@@ -121,12 +122,13 @@ def split_overflowed_segment(seg: LogSegment, config, clock) -> list:
     return new
 
 
-def split_overflowed_segments(segments: list, config, clock) -> list:
-    """``segments`` (sorted) with every overflowed legacy segment split."""
+def split_overflowed_segments(segments: list, config, clock, last_headers=None) -> list:
+    """``segments`` (sorted) with every overflowed legacy segment split. ``last_headers``: the
+    last segment's batch headers, when the caller has walked them already."""
     out = []
     for k, seg in enumerate(segments):
         nxt = segments[k + 1].base_offset if k + 1 < len(segments) else None
-        if nxt is None and not _starts_legacy(seg):
+        if nxt is None and not _starts_legacy(seg, last_headers):
             # The last segment's end is unknown, but one that starts with v2 batches holds no
             # legacy ones (Kafka 3 cannot write them after v2): its headers are not walked twice.
             out.append(seg)

@@ -237,6 +237,22 @@ class ReadOnlyOpenManyPartitions:
                 os.listdir(os.path.join(path, f"t{t}-{p}"))
 
 
+class WritableOpenManyPartitions:
+    """``segstore.open(path)`` then ``close()`` of the same 1,000-partition store, writable,
+    after a clean shutdown: what a Spark commit pays before and after adopting its files
+    (with 4 recovery threads, as the Spark writer opens). Every log is loaded, as Kafka's
+    LogManager does; the active segments' indexes are mapped only when first used. (No target;
+    see docs/performance.md for the figures before the single listing.)"""
+
+    params = [1, 4]
+    param_names = ["threads"]
+    setup_cache = many_partitions_cache
+    timeout = 180
+
+    def time_open_and_close_writable(self, path, threads):
+        segstore.open(path, {"num.recovery.threads.per.data.dir": threads}).close()
+
+
 class CloseAfterAppends:
     """``close()`` of a writable store after 1,000 records were appended to each of its 8
     partitions: every log flushed (fsync) and closed, and a producer snapshot written (fsync),
