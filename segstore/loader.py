@@ -39,6 +39,9 @@ class LoadResult:
     # The log end offset: the last segment's headers are walked anyway, so the log and its
     # producer-state replay need not look it up again.
     log_end_offset: int = 0
+    # The directory's names before loading: the producer-state load lists its snapshots from
+    # them (the loader touches no ``.snapshot`` file).
+    listing: list = field(default_factory=list)
 
 
 def _base_offset(name: str) -> int:
@@ -65,11 +68,10 @@ def _remove(path: str) -> None:
         pass
 
 
-def clean_temp_files(directory: str) -> list:
-    """Phases 1-4: drop deleted/cleaned leftovers and finish interrupted swaps. Returns the
-    directory's sorted listing after them (listed once when there was nothing to do: the
-    common case, and a large store opens thousands of directories)."""
-    listing = sorted(os.listdir(directory))
+def clean_temp_files(directory: str, listing: list) -> list:
+    """Phases 1-4: drop deleted/cleaned leftovers and finish interrupted swaps. ``listing``
+    is the directory's, sorted; returns it as it is after them (listed again only when there
+    was something to do: a large store opens thousands of directories)."""
     leftovers = [n for n in listing
                  if (n.endswith(DELETED_SUFFIX) and not n.endswith(".checkpoint.deleted"))
                  or n.endswith(".truncating")]  # a copy-on-write truncation that never finished
@@ -111,13 +113,14 @@ def clean_temp_files(directory: str) -> list:
 def load_segments(directory: str, config, clock, *, recovery_point: int,
                   had_clean_shutdown: bool, log_start_offset: int) -> LoadResult:
     """Open (and where needed recover) every segment of a writable partition directory."""
-    names = _segment_names(directory, clean_temp_files(directory))
+    listing = sorted(os.listdir(directory))
+    names = _segment_names(directory, clean_temp_files(directory, listing))
     logs = sorted(_base_offset(n) for n in names if n.endswith(LOG_SUFFIX))
     log_set = set(logs)
     for n in names:
         if n.endswith(_INDEX_SUFFIXES) and _base_offset(n) not in log_set:
             _remove(os.path.join(directory, n))  # orphaned index
-    result = LoadResult(segments=[])
+    result = LoadResult(segments=[], listing=listing)
     early_lost: dict[int, int] = {}
     segments = [LogSegment(directory, base, config, clock) for base in logs]
     # The last segment's headers are walked once, for the split's check and for the header

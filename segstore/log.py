@@ -103,7 +103,8 @@ class PartitionLog(LogReads, LogDeletion, LogDirFailure, ReadOnlyFollower):
         self._state = _State(segs, min(start, leo), leo)
         self.producer_state = load_producer_state(directory, segs, log_end_offset=leo,
                                                   had_clean_shutdown=had_clean_shutdown,
-                                                  recovered=loaded.txn_rebuild)
+                                                  recovered=loaded.txn_rebuild,
+                                                  listing=loaded.listing)
         self.producer_state.remove_expired(clock(), producer_id_expiration_ms)
         # As Kafka's rebuildProducerState ends: a snapshot at the log end unless one is there,
         # so that what the replay knew survives retention deleting the snapshot it started from.

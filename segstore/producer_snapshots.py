@@ -170,7 +170,8 @@ def newest_valid_snapshot(directory: str, snaps: dict[int, str], limit: int,
 
 
 def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
-                        recovered=(), log_end_offset: int) -> ProducerStateManager:
+                        recovered=(), log_end_offset: int,
+                        listing: Optional[list] = None) -> ProducerStateManager:
     """The producer state of a log being opened (REF §4.2 step 11).
 
     After a clean shutdown that left no snapshot at all there were no producers (Kafka's rule,
@@ -178,9 +179,10 @@ def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
     the batches after it (the whole log without one). Segments in ``recovered`` had their
     transaction indexes reset: a first replay from the newest snapshot at or below the oldest
     of them writes those again (Kafka recovers each segment with the state before it), and
-    also the aborted transactions of a segment that lost its ``.txnindex``.
+    also the aborted transactions of a segment that lost its ``.txnindex``. ``listing``: the
+    directory's names as the loader found them (it touches no snapshot file).
     """
-    names = os.listdir(directory)
+    names = os.listdir(directory) if listing is None else listing
     snaps = list_snapshots(directory, names)
     if had_clean_shutdown and not recovered and not snaps:
         psm = ProducerStateManager()
