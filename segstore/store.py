@@ -33,8 +33,9 @@ from .log_isolation import read_committed
 from .records import RecordMetadata, TopicPartition
 from .recovery_threads import run_jobs
 from .segment_checks import Problem
-from .topic import (damaged_topic_error, discover_topics, hosted_partitions, mark_partitions,
-                    meta_path, topic_meta_dir, topic_partitions, writable_open_error)
+from .topic import (PARTITION_MARKER, damaged_topic_error, discover_topics, hosted_partitions,
+                    mark_partitions, meta_path, topic_meta_dir, topic_partitions,
+                    writable_open_error)
 from .cleaner import LogCleaner
 from .retention import RetentionReport, enforce as _enforce_retention
 from .segment_delete_queue import SegmentDeleteQueue
@@ -145,9 +146,13 @@ class LogStore(TopicAdmin, ScheduledTasks):
     def _mark_partitions(self) -> None:
         # Stores written before the markers existed get them at their first writable open.
         for name, meta in self._topics.items():
-            if os.path.exists(meta_path(self.path, name)):
+            # The loader listed each directory: most have their marker already.
+            unmarked = [p for p in hosted_partitions(meta)
+                        if PARTITION_MARKER not in
+                        self._logs[TopicPartition(name, p)].load_result.listing]
+            if unmarked and os.path.exists(meta_path(self.path, name)):
                 try:
-                    mark_partitions(self.path, name, hosted_partitions(meta))
+                    mark_partitions(self.path, name, unmarked)
                 except OSError as e:  # only a safeguard: not worth refusing the open for
                     log.warning("cannot mark the partition directories of topic %r: %s",
                                 name, e)
