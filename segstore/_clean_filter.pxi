@@ -495,9 +495,12 @@ def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
     Like ``mmap.madvise(MADV_DONTNEED, ...)`` over the same pages, but without the GIL: the
     call flushes TLBs (interrupting the other core when another thread of the process runs
     there), and with the GIL held another cleaner thread could not return from its kernels
-    meanwhile. ``buf`` must be an ``mmap.mmap``: on other memory the call would discard data."""
-    if not isinstance(buf, _mmap.mmap):
-        raise BufferTypeError("release_pages needs an mmap.mmap")
+    meanwhile. ``buf`` must be a read-only ``mmap.mmap``: on other memory the call would
+    discard data."""
+    if not _pages_droppable(buf):
+        raise BufferTypeError(f"buf must be a read-only mmap.mmap (dropping the pages of a "
+                              f"{'writable ' if isinstance(buf, _mmap.mmap) else ''}"
+                              f"{type(buf).__name__} would lose its data)")
     cdef const uint8_t[::1] view = buf
     if start < 0 or end > view.shape[0] or start > end:
         raise InvalidArgumentError(f"range [{start}, {end}) is outside the mapping")

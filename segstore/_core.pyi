@@ -362,7 +362,7 @@ def plain_batches(buf: Buffer, start: int = 0, end: Optional[int] = None) -> tup
 
 def release_pages(buf: Buffer, start: int, end: int) -> None:
     """Drop this process's page-table entries for the pages of the file mapping ``buf`` that
-    hold ``buf[start:end]`` (without the GIL; ``buf`` must be an ``mmap.mmap``)."""
+    hold ``buf[start:end]`` (without the GIL; ``buf`` must be a read-only ``mmap.mmap``)."""
 
 def finish_crcs(out: Buffer, start: int, end: int) -> None:
     """Fill the CRC of every batch in out[start:end] whose CRC field is 0."""

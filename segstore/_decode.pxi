@@ -77,6 +77,15 @@ cdef inline int64_t _max_records(object max_records) except? -1:
 cdef size_t RELEASE_BYTES = 4 << 20   # dropped in runs this long: each madvise costs a TLB flush
 
 
+cdef bint _pages_droppable(object buf) except -1:
+    """Whether MADV_DONTNEED over ``buf``'s pages keeps its bytes: only a read-only mmap.mmap,
+    whose pages come back from the file (or shared memory) on the next touch and, never
+    written through the map, hold no private copies. On other memory (a bytearray, a numpy
+    array, a writable private or copy-on-write map) the dropped pages come back zeroed or as
+    the file's old bytes: the caller's data is lost."""
+    return isinstance(buf, _mmap.mmap) and memoryview(buf).readonly
+
+
 cdef inline void _release_range(size_t a, size_t b) noexcept nogil:
     a = (a + PAGE - 1) & ~(PAGE - 1)
     b = b & ~(PAGE - 1)
@@ -128,8 +137,9 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
                          bint validate_crc=True, bint include_headers=False, topic=None,
                          partition=None, bint strict=False):
     """decode_columns over several ``(buffer, start, end, file[, release[, checked]])`` ranges
-    into one set of columns. ``release``: the buffer is a shared file mapping whose pages may be
-    dropped once copied; ``checked``: a ``(lo, hi)`` byte range whose batches' CRCs the caller
+    into one set of columns. ``release``: the pages of the buffer may be dropped once copied,
+    which is done only for a read-only ``mmap.mmap`` (a log's segment map) and ignored for any
+    other buffer, where it would lose data; ``checked``: a ``(lo, hi)`` byte range whose batches' CRCs the caller
     has just checked (they are not checked again).
 
     A log's segments decode straight into one allocation: no per-segment columns to concatenate.
@@ -213,6 +223,9 @@ cdef int _select_from_range(_DecodeJob job, int k, object src, list files, bint 
     cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef const uint8_t* base = _ptr(view)
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end), pos = start, i
+    # A hint: ignored where dropping the pages would lose the caller's bytes (the decode's
+    # result is the same either way).
+    release = release and _pages_droppable(buf)
     cdef _Regions regs = job.regs
     mv = _byte_view(buf)
     job.mvs.append(mv)

@@ -238,3 +238,86 @@ def test_an_interrupted_encode_columns_keeps_its_header_array_until_its_thread_i
     gate.set()
     assert futures[0].result(timeout=20) == 0
     assert all((p == 0xAB).all() for p in probes), "a late header write landed in a new array"
+
+
+# ------------------------------------------------------------------------------------------------
+# Dropping the pages of a buffer that is not a read-only file map
+
+
+def _batches_bytes() -> bytes:
+    # About 3 MiB of uncompressed batches: hundreds of whole pages between batch boundaries.
+    from segstore.columns import BinaryColumn
+    n = 12_000
+    values = BinaryColumn.from_fixed(np.arange(n * 256, dtype=np.uint32).view(np.uint8)
+                                     .reshape(n, 1024)[:, :250].copy())
+    return bytes(_core.encode_columns(values, None, np.arange(n, dtype=np.int64),
+                                      records_per_batch=100).data)
+
+
+def _private_map(data: bytes):
+    import mmap
+    mm = mmap.mmap(-1, len(data), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mm[:] = data
+    return mm
+
+
+def _copy_on_write_map(data: bytes, tmp_path):
+    # The file holds zeros; the bytes live only in the map's private copies of its pages.
+    import mmap
+    path = tmp_path / "cow.bin"
+    path.write_bytes(bytes(len(data)))
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    mm[:] = data
+    return mm
+
+
+WRITABLE_BUFFERS = {
+    "bytearray": lambda data, tmp_path: bytearray(data),
+    "numpy": lambda data, tmp_path: np.frombuffer(bytearray(data), dtype=np.uint8),
+    "private map": lambda data, tmp_path: _private_map(data),
+    "copy-on-write file map": _copy_on_write_map,
+}
+
+
+@pytest.mark.parametrize("kind", list(WRITABLE_BUFFERS))
+def test_decode_release_leaves_a_writable_buffer_as_it_was(kind, tmp_path):
+    """decode_columns_multi's ``release`` (drop the input's pages once copied) ran
+    madvise(MADV_DONTNEED) on whatever buffer it was given: a bytearray's or numpy array's
+    heap pages and a private map's pages came back zeroed, a copy-on-write map's as the file's
+    old bytes. The flag now acts only on a read-only mmap.mmap and is ignored otherwise."""
+    data = _batches_bytes()
+    buf = WRITABLE_BUFFERS[kind](data, tmp_path)
+    want = _core.decode_columns(data)
+    got = _core.decode_columns_multi([(buf, 0, len(data), None, True)])
+    assert bytes(memoryview(buf)) == data, "release dropped the pages of a writable buffer"
+    assert np.array_equal(got.offsets, want.offsets)
+    assert bytes(memoryview(got.values.data)) == bytes(memoryview(want.values.data))
+
+
+@pytest.mark.parametrize("kind", ["private map", "copy-on-write file map"])
+def test_release_pages_refuses_a_writable_map(kind, tmp_path):
+    """release_pages took any mmap.mmap: a private or copy-on-write one lost its bytes."""
+    from segstore.errors import BufferTypeError
+    data = _batches_bytes()
+    mm = WRITABLE_BUFFERS[kind](data, tmp_path)
+    with pytest.raises(BufferTypeError, match="buf must be a read-only mmap"):
+        _core.release_pages(mm, 0, len(data))
+    assert mm[:] == data
+
+
+def test_decode_release_still_reads_a_read_only_file_map(tmp_path):
+    """The log's case: a read-only map of a segment file, its pages dropped as they are copied;
+    the decode returns the same columns and the map still reads the file's bytes."""
+    import mmap
+    data = _batches_bytes()
+    path = tmp_path / "seg.log"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    got = _core.decode_columns_multi([(mm, 0, len(data), None, True)])
+    assert np.array_equal(got.offsets, np.arange(12_000))
+    assert mm[:] == data
+    _core.release_pages(mm, 0, len(data))
+    assert mm[:] == data
+    mm.close()
