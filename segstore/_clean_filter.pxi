@@ -372,9 +372,9 @@ cdef class BatchFilter:
         batch before it), FILTER_NEED_PYTHON at a
         batch for ``filter_one``, FILTER_OUTPUT_FULL when ``out`` needs draining or growing.
         """
-        cdef const uint8_t[::1] view = buf
+        cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
         cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
-        cdef uint8_t[::1] ov = out
+        cdef uint8_t[::1] ov = _byte_buffer(out, "out", True)
         cdef Py_ssize_t pos = start, op = out_pos
         cdef int st
         if op < 0 or op > ov.shape[0]:
@@ -394,7 +394,7 @@ cdef class BatchFilter:
     def room_needed(buf, Py_ssize_t pos, payload_len=None) -> int:
         """Output bytes the batch at ``pos`` may need (``payload_len``: its decompressed
         records' size, for a compressed batch)."""
-        cdef const uint8_t[::1] view = buf
+        cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
         cdef BatchHeader h
         _resolve_end(view.shape[0], pos, None)   # scan_one reads from pos: never before 0
         cdef int st = scan_one(_ptr(view), pos, view.shape[0], &h)
@@ -409,23 +409,23 @@ cdef class BatchFilter:
         """Decide and write the magic-2 batch at ``buf[pos]`` (records from ``payload`` when
         the batch is compressed). Returns ``(out_pos, rebuilt)``; a rebuilt batch is written
         uncompressed with CRC 0 (the caller compresses it with its codec and sets the CRC)."""
-        cdef const uint8_t[::1] view = buf
+        cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
         cdef BatchHeader h
         _resolve_end(view.shape[0], pos, None)   # scan_one reads from pos: never before 0
         cdef int st = scan_one(_ptr(view), pos, view.shape[0], &h)
         _raise_status(st, pos, file)
         if st != ST_OK or h.magic < 2:
             raise InvalidArgumentError(f"no complete magic-2 batch at position {pos}")
-        if out_pos < 0 or out_pos > len(out):
+        cdef uint8_t[::1] ov = _byte_buffer(out, "out", True)
+        if out_pos < 0 or out_pos > ov.shape[0]:
             raise InvalidArgumentError("out_pos outside the output buffer")
-        cdef uint8_t[::1] ov = out
         cdef const uint8_t[::1] pv
         cdef const uint8_t* rb
         cdef Py_ssize_t rstart, rend
         if (h.attributes & ATTR_CODEC) != 0:
             if payload is None:
                 raise InvalidArgumentError("a compressed batch needs its decompressed records")
-            pv = payload
+            pv = _byte_buffer(payload, "payload")
             rb = _ptr(pv)
             rstart = 0
             rend = pv.shape[0]
@@ -469,7 +469,7 @@ def plain_batches(buf, Py_ssize_t start=0, end=None):
     codec, control batch or producer id). Returns ``(position, plain)``: where the
     walk stopped, and False when it stopped at a batch that is not plain or damaged; True at
     ``end`` or at a batch running past it (``position`` = that batch's start)."""
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end), pos = start
     cdef const uint8_t* b = _ptr(view)
     cdef BatchHeader h
@@ -501,7 +501,7 @@ def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
         raise BufferTypeError(f"buf must be a read-only mmap.mmap (dropping the pages of a "
                               f"{'writable ' if isinstance(buf, _mmap.mmap) else ''}"
                               f"{type(buf).__name__} would lose its data)")
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     if start < 0 or end > view.shape[0] or start > end:
         raise InvalidArgumentError(f"range [{start}, {end}) is outside the mapping")
     if start == end:
@@ -516,7 +516,7 @@ def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
 
 def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
     """Compute the CRC of every v2 batch in ``out[start:end]`` whose CRC field is 0."""
-    cdef uint8_t[::1] ov = out
+    cdef uint8_t[::1] ov = _byte_buffer(out, "out", True)
     cdef BatchHeader h
     cdef Py_ssize_t pos = start
     cdef bint bad = False
@@ -551,6 +551,7 @@ def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
 def compress_batch_at(out, Py_ssize_t pos, Py_ssize_t size, int codec):
     """The uncompressed v2 batch at ``out[pos:pos+size]`` with its records compressed by
     ``codec`` at its default level, attributes and CRC updated: a new bytearray."""
+    out = _byte_buffer(out, "out")
     # size > len - pos, not pos + size > len: the sum of two huge ints wrapped negative.
     if pos < 0 or size < V2_HEADER_C or pos > len(out) or size > len(out) - pos:
         raise InvalidArgumentError(f"no batch at [{pos}, {pos} + {size}) of the "

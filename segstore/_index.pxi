@@ -51,7 +51,7 @@ cdef Py_ssize_t largest_lower_bound(const uint8_t* b, Py_ssize_t entries, int64_
 
 def index_lookup(buf, Py_ssize_t entries, int64_t target, bint time_index=False):
     """Slot of the floor entry for ``target`` (a relative offset, or a timestamp), or -1."""
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef Py_ssize_t size = TIME_ENTRY if time_index else OFFSET_ENTRY
     if entries < 0 or entries > view.shape[0] // size:   # entries * size could wrap
         raise InvalidArgumentError(f"{entries} entries do not fit an index buffer of "
@@ -70,7 +70,7 @@ def index_check(buf, Py_ssize_t entries, bint time_index=False):
     timestamps and non-decreasing offsets; relative offsets and positions are never negative.
     This catches the zero-padded, untrimmed files Kafka's own check misses (KAFKA-10207).
     """
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef Py_ssize_t size = TIME_ENTRY if time_index else OFFSET_ENTRY
     if entries < 0 or entries > view.shape[0] // size:   # entries * size could wrap
         raise InvalidArgumentError(f"{entries} entries do not fit an index buffer of "

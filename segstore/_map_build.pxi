@@ -428,7 +428,7 @@ def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int6
     (CorruptRecordError naming the batch); a cleaner then needs no second CRC pass over what it
     mapped.
     """
-    cdef const uint8_t[::1] view = buf
+    cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
     cdef const uint8_t* b = _ptr(view)
     ab = np.ascontiguousarray(np.zeros((0, 3), dtype=np.int64) if aborted is None else aborted,

@@ -266,9 +266,11 @@ cdef class OffsetMap:
             raise ValueError(f"an offset map of {memory} bytes has no slot "
                              f"({self.m.words * 8} bytes each)")
         if strategy == "header":
-            if not header_key:
-                raise ValueError("the header strategy needs a header key")
-            self._header_key = header_key.encode() if isinstance(header_key, str) else bytes(header_key)
+            self._header_key = (b"" if header_key is None
+                                else header_key.encode() if isinstance(header_key, str)
+                                else bytes(_byte_buffer(header_key, "header_key")))
+            if not self._header_key:
+                raise InvalidArgumentError("the header strategy needs a header key")
         else:
             self._header_key = b""
         self.memory = memory
@@ -342,7 +344,7 @@ cdef class OffsetMap:
         return (self.m.probes - self.m.lookups) / <double>self.m.lookups if self.m.lookups else 0.0
 
     cdef inline void _digest(self, key, uint64_t* h1, uint64_t* h2):
-        cdef const uint8_t[::1] v = key
+        cdef const uint8_t[::1] v = _byte_buffer(key, "key")
         murmur3_x64_128(_ptr(v), v.shape[0], 0, h1, h2)
 
     def put(self, key, int64_t offset, int64_t value=0) -> None:

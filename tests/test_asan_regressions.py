@@ -321,3 +321,69 @@ def test_decode_release_still_reads_a_read_only_file_map(tmp_path):
     _core.release_pages(mm, 0, len(data))
     assert mm[:] == data
     mm.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Buffer arguments of the cleaner and index entry points
+
+
+def _omap():
+    return _core.OffsetMap(1 << 16)
+
+
+def _one_batch() -> bytes:
+    return bytes(_batch())
+
+
+# Every _core entry point that takes a bytes-like buffer, with the argument's name, called with
+# ``bad`` in its place (the other arguments valid).
+BUFFER_CALLS = {
+    "first_null_key.buf": lambda bad: _core.first_null_key(
+        bad, _core.scan_batches(_one_batch()).batches),
+    "index_lookup.buf": lambda bad: _core.index_lookup(bad, 0, 5),
+    "index_check.buf": lambda bad: _core.index_check(bad, 0),
+    "OffsetMap.put.key": lambda bad: _omap().put(bad, 1),
+    "OffsetMap.get.key": lambda bad: _omap().get(bad),
+    "OffsetMap.header_key": lambda bad: _core.OffsetMap(1 << 16, strategy="header",
+                                                        header_key=bad),
+    "build_offset_map.buf": lambda bad: _core.build_offset_map(_omap(), bad, 0, 0, 0),
+    "BatchFilter.run.buf": lambda bad: _filter().run(bad, 0, 0, bytearray(64), 0),
+    "BatchFilter.run.out": lambda bad: _filter().run(_one_batch(), 0, 0, bad, 0),
+    "BatchFilter.room_needed.buf": lambda bad: _core.BatchFilter.room_needed(bad, 0),
+    "BatchFilter.filter_one.buf": lambda bad: _filter().filter_one(
+        bad, 0, 2, False, False, bytearray(4096), 0),
+    "BatchFilter.filter_one.out": lambda bad: _filter().filter_one(
+        _one_batch(), 0, 2, False, False, bad, 0),
+    "BatchFilter.filter_one.payload": lambda bad: _filter().filter_one(
+        bytes(_batch(compression=1)), 0, 2, False, False, bytearray(4096), 0, bad),
+    "plain_batches.buf": lambda bad: _core.plain_batches(bad),
+    "release_pages.buf": lambda bad: _core.release_pages(bad, 0, 0),
+    "finish_crcs.out": lambda bad: _core.finish_crcs(bad, 0, 0),
+    "compress_batch_at.out": lambda bad: _core.compress_batch_at(bad, 0, 61, 1),
+}
+WRITTEN = {"BatchFilter.run.out", "BatchFilter.filter_one.out", "finish_crcs.out"}
+BAD_BUFFERS = {"None": None, "int": 5, "str": "abc", "list": [1, 2],
+               "2-d array": np.zeros((2, 2), dtype=np.uint8)}
+
+
+@pytest.mark.parametrize("bad", list(BAD_BUFFERS))
+@pytest.mark.parametrize("call", list(BUFFER_CALLS))
+def test_a_buffer_argument_that_is_no_byte_buffer_is_a_buffer_type_error(call, bad):
+    """The cleaner's kernels (offset map, map build, filter) and the index kernels took their
+    buffers as Cython typed memoryviews: None passed as an empty buffer (an OffsetMap key
+    hashed like b"") and anything else raised a bare TypeError, ValueError or BufferError
+    without the argument's name. They now go through the check the decoders use."""
+    from segstore.errors import BufferTypeError
+    if bad == "None" and call in ("BatchFilter.filter_one.payload", "OffsetMap.header_key"):
+        pytest.skip("None is the argument's default")
+    if bad == "str" and call == "OffsetMap.header_key":
+        pytest.skip("a header key may be a str (UTF-8)")
+    with pytest.raises(BufferTypeError, match=rf"^{call.rsplit('.', 1)[1]} must"):
+        BUFFER_CALLS[call](BAD_BUFFERS[bad])
+
+
+@pytest.mark.parametrize("call", sorted(WRITTEN))
+def test_a_read_only_output_buffer_is_a_buffer_type_error(call):
+    from segstore.errors import BufferTypeError
+    with pytest.raises(BufferTypeError, match="out must be a writable buffer"):
+        BUFFER_CALLS[call](bytes(4096))
