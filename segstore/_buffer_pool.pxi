@@ -176,14 +176,14 @@ cdef object _pool_empty(Py_ssize_t count, object dtype, Py_ssize_t itemsize):
     return np.ndarray(count, dtype=dtype, buffer=_pool_acquire(nbytes))
 
 
-def buffer_pool_set_limit(Py_ssize_t nbytes):
+def buffer_pool_set_limit(nbytes):
     """Set how many bytes of freed column buffers are kept for reuse (0 turns pooling off and
     unmaps what is kept); returns the previous limit."""
     global _pool_limit
-    if nbytes < 0:
-        raise ValueError(f"buffer pool limit must be >= 0, got {nbytes}")
+    cdef int64_t n = _int_arg(nbytes, "nbytes", InvalidArgumentError, 0, INT64_MAX_C, ">= 0",
+                              OffsetTypeError)
     cdef size_t old = _pool_limit
-    _pool_limit = nbytes
+    _pool_limit = n
     _evict_down_to(_pool_limit)
     return old
 

@@ -329,15 +329,19 @@ cdef class BatchFilter:
     cdef OffsetMap omap
     cdef MapCore mc
 
-    def __cinit__(self, OffsetMap omap, int64_t now, int64_t delete_retention_ms,
-                  int64_t upper_bound):
+    def __cinit__(self, OffsetMap omap, now, delete_retention_ms, upper_bound):
+        # now >= 0: the horizon's overflow check below subtracts it from INT64_MAX.
+        cdef int64_t t = _int_arg(now, "now", InvalidArgumentError, 0, INT64_MAX_C,
+                                  "an int from 0 to 2**63 - 1 (milliseconds since the epoch)",
+                                  OffsetTypeError)
+        cdef int64_t retention = _i64_arg(delete_retention_ms, "delete_retention_ms",
+                                          InvalidArgumentError)
         memset(&self.fc, 0, sizeof(FilterCore))
         self.omap = omap
         self.mc = omap.m
-        self.fc.now = now
-        self.fc.new_horizon = now + delete_retention_ms if delete_retention_ms < INT64_MAX_C - now \
-            else INT64_MAX_C
-        self.fc.upper_bound = upper_bound
+        self.fc.now = t
+        self.fc.new_horizon = t + retention if retention < INT64_MAX_C - t else INT64_MAX_C
+        self.fc.upper_bound = _i64_arg(upper_bound, "upper_bound", InvalidOffsetError)
         self.fc.strategy = omap.m.strategy
         self.fc.max_offset = -1
 
@@ -358,13 +362,13 @@ cdef class BatchFilter:
     def reset_max_offset(self):
         self.fc.max_offset = -1
 
-    def recompressed(self, int64_t rebuilt_size, int64_t compressed_size) -> None:
+    def recompressed(self, rebuilt_size, compressed_size) -> None:
         """A batch ``filter_one`` rebuilt (``rebuilt_size`` bytes) was compressed by the caller
         into ``compressed_size`` bytes: ``bytes_written`` counts what was written."""
-        self.fc.bytes_written += compressed_size - rebuilt_size
+        self.fc.bytes_written += (_i64_arg(compressed_size, "compressed_size", InvalidArgumentError)
+                                  - _i64_arg(rebuilt_size, "rebuilt_size", InvalidArgumentError))
 
-    def run(self, buf, Py_ssize_t start, Py_ssize_t end, out, Py_ssize_t out_pos,
-            file=None):
+    def run(self, buf, start, end, out, out_pos, file=None):
         """Filter plain batches of ``buf[start:end]`` into ``out`` (a writable buffer:
         bytearray, anonymous mmap) from ``out_pos``.
 
@@ -373,9 +377,10 @@ cdef class BatchFilter:
         batch for ``filter_one``, FILTER_OUTPUT_FULL when ``out`` needs draining or growing.
         """
         cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
-        cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
+        cdef Py_ssize_t pos = _i64_arg(start, "start", InvalidArgumentError)
+        cdef Py_ssize_t e = _resolve_end(view.shape[0], pos, end)
         cdef uint8_t[::1] ov = _byte_buffer(out, "out", True)
-        cdef Py_ssize_t pos = start, op = out_pos
+        cdef Py_ssize_t op = _i64_arg(out_pos, "out_pos", InvalidArgumentError)
         cdef int st
         if op < 0 or op > ov.shape[0]:
             raise InvalidArgumentError("out_pos outside the output buffer")
@@ -391,24 +396,34 @@ cdef class BatchFilter:
         _raise_status(st, pos, file)
 
     @staticmethod
-    def room_needed(buf, Py_ssize_t pos, payload_len=None) -> int:
+    def room_needed(buf, pos, payload_len=None) -> int:
         """Output bytes the batch at ``pos`` may need (``payload_len``: its decompressed
         records' size, for a compressed batch)."""
         cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
+        cdef Py_ssize_t p = _i64_arg(pos, "pos", InvalidArgumentError)
+        cdef int64_t records = _opt_i64(payload_len, -1, "payload_len")
         cdef BatchHeader h
-        _resolve_end(view.shape[0], pos, None)   # scan_one reads from pos: never before 0
-        cdef int st = scan_one(_ptr(view), pos, view.shape[0], &h)
-        _raise_status(st, pos, None)
+        _resolve_end(view.shape[0], p, None)   # scan_one reads from p: never before 0
+        cdef int st = scan_one(_ptr(view), p, view.shape[0], &h)
+        _raise_status(st, p, None)
         if st != ST_OK:
-            raise InvalidArgumentError(f"no complete batch at position {pos}")
-        return _room_needed(&h, h.size - V2_HEADER_C if payload_len is None else payload_len)
+            raise InvalidArgumentError(f"no complete batch at position {p}")
+        return _room_needed(&h, h.size - V2_HEADER_C if payload_len is None else records)
 
-    def filter_one(self, buf, Py_ssize_t pos, int mode, bint discard_records,
-                   bint marker_for_empty_txn, out, Py_ssize_t out_pos, payload=None,
-                   file=None):
+    def filter_one(self, buf, pos, mode, bint discard_records, bint marker_for_empty_txn, out,
+                   out_pos, payload=None, file=None):
         """Decide and write the magic-2 batch at ``buf[pos]`` (records from ``payload`` when
         the batch is compressed). Returns ``(out_pos, rebuilt)``; a rebuilt batch is written
         uncompressed with CRC 0 (the caller compresses it with its codec and sets the CRC)."""
+        return self._filter_one(
+            buf, _i64_arg(pos, "pos", InvalidArgumentError),
+            _int_arg(mode, "mode", InvalidArgumentError, RETAIN_EMPTY, DELETE_EMPTY,
+                     "0 (RETAIN_EMPTY), 1 (DELETE) or 2 (DELETE_EMPTY)", OffsetTypeError),
+            discard_records, marker_for_empty_txn, out,
+            _i64_arg(out_pos, "out_pos", InvalidArgumentError), payload, file)
+
+    cdef _filter_one(self, buf, Py_ssize_t pos, int mode, bint discard_records,
+                     bint marker_for_empty_txn, out, Py_ssize_t out_pos, payload, file):
         cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
         cdef BatchHeader h
         _resolve_end(view.shape[0], pos, None)   # scan_one reads from pos: never before 0
@@ -446,16 +461,23 @@ cdef class BatchFilter:
         _raise_status(st, pos, file)
         return (op, bool(rebuilt))
 
-    def count_legacy(self, int64_t messages, int64_t size, int64_t written_messages,
-                     int64_t written_bytes, int64_t max_offset, int64_t invalid):
+    def count_legacy(self, messages, size, written_messages, written_bytes, max_offset,
+                     invalid):
         """Account for a legacy (magic 0/1) batch the caller filtered in Python."""
-        self.fc.messages_read += messages
-        self.fc.bytes_read += size
-        self.fc.messages_written += written_messages
-        self.fc.bytes_written += written_bytes
-        self.fc.invalid += invalid
-        if max_offset > self.fc.max_offset:
-            self.fc.max_offset = max_offset
+        # Every argument converted before any counter changes.
+        cdef int64_t counts[5]
+        for i, (v, name) in enumerate(((messages, "messages"), (size, "size"),
+                                       (written_messages, "written_messages"),
+                                       (written_bytes, "written_bytes"), (invalid, "invalid"))):
+            counts[i] = _i64_arg(v, name, InvalidArgumentError)
+        cdef int64_t top = _i64_arg(max_offset, "max_offset", InvalidOffsetError)
+        self.fc.messages_read += counts[0]
+        self.fc.bytes_read += counts[1]
+        self.fc.messages_written += counts[2]
+        self.fc.bytes_written += counts[3]
+        self.fc.invalid += counts[4]
+        if top > self.fc.max_offset:
+            self.fc.max_offset = top
 
 
 cdef extern from "sys/mman.h" nogil:
@@ -463,14 +485,15 @@ cdef extern from "sys/mman.h" nogil:
     int _CLEAN_MADV_DONTNEED "MADV_DONTNEED"
 
 
-def plain_batches(buf, Py_ssize_t start=0, end=None):
+def plain_batches(buf, start=0, end=None):
     """Walk the batch headers of ``buf[start:end]`` (no CRCs, nothing allocated) while every
     batch is *plain*: one ``BatchFilter.run`` decides without the caller (no legacy format,
     codec, control batch or producer id). Returns ``(position, plain)``: where the
     walk stopped, and False when it stopped at a batch that is not plain or damaged; True at
     ``end`` or at a batch running past it (``position`` = that batch's start)."""
     cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
-    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end), pos = start
+    cdef Py_ssize_t pos = _i64_arg(start, "start", InvalidArgumentError)
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], pos, end)
     cdef const uint8_t* b = _ptr(view)
     cdef BatchHeader h
     cdef int st = ST_OK
@@ -488,7 +511,7 @@ def plain_batches(buf, Py_ssize_t start=0, end=None):
     return pos, plain
 
 
-def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
+def release_pages(buf, start, end) -> None:
     """Drop this process's page-table entries for the pages of the file mapping ``buf`` that
     hold ``buf[start:end]`` (the page cache keeps the data; a later touch maps it again).
 
@@ -502,28 +525,35 @@ def release_pages(buf, Py_ssize_t start, Py_ssize_t end) -> None:
                               f"{'writable ' if isinstance(buf, _mmap.mmap) else ''}"
                               f"{type(buf).__name__} would lose its data)")
     cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
-    if start < 0 or end > view.shape[0] or start > end:
-        raise InvalidArgumentError(f"range [{start}, {end}) is outside the mapping")
-    if start == end:
+    cdef Py_ssize_t s = _i64_arg(start, "start", InvalidArgumentError)
+    cdef Py_ssize_t e = _i64_arg(end, "end", InvalidArgumentError)
+    if s < 0 or e > view.shape[0] or s > e:
+        raise InvalidArgumentError(f"range [{s}, {e}) is outside the mapping")
+    if s == e:
         return
     cdef size_t page = _mmap.PAGESIZE
-    cdef size_t lo = <size_t>&view[0] + <size_t>start
-    cdef size_t hi = <size_t>&view[0] + <size_t>end
+    cdef size_t lo = <size_t>&view[0] + <size_t>s
+    cdef size_t hi = <size_t>&view[0] + <size_t>e
     lo = lo & ~(page - 1)
     with nogil:
         _clean_madvise(<void*>lo, hi - lo, _CLEAN_MADV_DONTNEED)   # advisory: failure is harmless
 
 
-def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
+def finish_crcs(out, start, end):
     """Compute the CRC of every v2 batch in ``out[start:end]`` whose CRC field is 0."""
-    cdef uint8_t[::1] ov = _byte_buffer(out, "out", True)
+    _finish_crcs(_byte_buffer(out, "out", True), _i64_arg(start, "start", InvalidArgumentError),
+                 _i64_arg(end, "end", InvalidArgumentError))
+
+
+cdef int _finish_crcs(out, Py_ssize_t start, Py_ssize_t end) except -1:
+    cdef uint8_t[::1] ov = out
     cdef BatchHeader h
     cdef Py_ssize_t pos = start
     cdef bint bad = False
     if start < 0 or end > ov.shape[0] or start > end:
         raise InvalidArgumentError(f"range [{start}, {end}) is outside the buffer")
     if start == end:
-        return
+        return 0
     cdef uint8_t* b = &ov[0]
     if _crc_fn != NULL:
         # Without the GIL: a round's rebuilt batches are most of its output, and another
@@ -538,7 +568,7 @@ def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
                 pos += h.size
         if bad:
             raise InvalidArgumentError(f"no complete batch at position {pos}")
-        return
+        return 0
     mv = memoryview(out)
     while pos < end:
         if scan_one(b, pos, end, &h) != ST_OK:
@@ -546,14 +576,18 @@ def finish_crcs(out, Py_ssize_t start, Py_ssize_t end):
         if h.magic == 2 and h.crc == 0:
             wr_u32(b + pos + 17, _crc32c_pkg(mv[pos + 21:pos + h.size]))
         pos += h.size
+    return 0
 
 
-def compress_batch_at(out, Py_ssize_t pos, Py_ssize_t size, int codec):
+def compress_batch_at(out, pos, size, codec):
     """The uncompressed v2 batch at ``out[pos:pos+size]`` with its records compressed by
     ``codec`` at its default level, attributes and CRC updated: a new bytearray."""
     out = _byte_buffer(out, "out")
-    # size > len - pos, not pos + size > len: the sum of two huge ints wrapped negative.
-    if pos < 0 or size < V2_HEADER_C or pos > len(out) or size > len(out) - pos:
-        raise InvalidArgumentError(f"no batch at [{pos}, {pos} + {size}) of the "
+    cdef Py_ssize_t p = _i64_arg(pos, "pos", InvalidArgumentError)
+    cdef Py_ssize_t n = _i64_arg(size, "size", InvalidArgumentError)
+    cdef int c = _i32_arg(codec, "codec", InvalidArgumentError)
+    # n > len - p, not p + n > len: the sum of two huge ints wrapped negative.
+    if p < 0 or n < V2_HEADER_C or p > len(out) or n > len(out) - p:
+        raise InvalidArgumentError(f"no batch at [{p}, {p} + {n}) of the "
                                    f"{len(out)}-byte buffer")
-    return _compress_batch(out, pos, size, codec, None)
+    return _compress_batch(out, p, n, c, None)

@@ -167,8 +167,15 @@ cdef object _byte_buffer(object obj, str name, bint writable=False):
 
 
 cdef inline int64_t _i64_arg(object v, str name, object exc) except? -1:
-    """An int of 64 signed bits (the caller checks its range), OffsetTypeError otherwise."""
+    """An int of 64 signed bits (the caller checks its range), OffsetTypeError otherwise.
+    Entry points take their integers as objects and convert them here, once per call: a C
+    integer parameter raised a bare OverflowError (or TypeError) that named no argument."""
     return _int_arg(v, name, exc, INT64_MIN_C, INT64_MAX_C, None, OffsetTypeError)
+
+
+cdef inline int32_t _i32_arg(object v, str name, object exc) except? -1:
+    """_i64_arg for an argument the core keeps in 32 bits (a descriptor, a leader epoch)."""
+    return <int32_t>_int_arg(v, name, exc, -0x80000000, 0x7FFFFFFF, None, OffsetTypeError)
 
 
 cdef inline Py_ssize_t _resolve_end(Py_ssize_t length, Py_ssize_t start, object end) except -1:

@@ -49,21 +49,23 @@ cdef Py_ssize_t largest_lower_bound(const uint8_t* b, Py_ssize_t entries, int64_
     return _index_search(b, 0, first_hot, target, time_index)
 
 
-def index_lookup(buf, Py_ssize_t entries, int64_t target, bint time_index=False):
+def index_lookup(buf, entries, target, bint time_index=False):
     """Slot of the floor entry for ``target`` (a relative offset, or a timestamp), or -1."""
     cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
+    cdef Py_ssize_t n = _i64_arg(entries, "entries", InvalidArgumentError)
+    cdef int64_t key = _i64_arg(target, "target", InvalidArgumentError)
     cdef Py_ssize_t size = TIME_ENTRY if time_index else OFFSET_ENTRY
-    if entries < 0 or entries > view.shape[0] // size:   # entries * size could wrap
-        raise InvalidArgumentError(f"{entries} entries do not fit an index buffer of "
+    if n < 0 or n > view.shape[0] // size:   # n * size could wrap
+        raise InvalidArgumentError(f"{n} entries do not fit an index buffer of "
                                    f"{view.shape[0]} bytes")
     cdef const uint8_t* b = _ptr(view)
     cdef Py_ssize_t slot
     with nogil:
-        slot = largest_lower_bound(b, entries, target, time_index)
+        slot = largest_lower_bound(b, n, key, time_index)
     return slot
 
 
-def index_check(buf, Py_ssize_t entries, bint time_index=False):
+def index_check(buf, entries, bint time_index=False):
     """First slot that breaks the index's ordering, or -1 when the entries are sane.
 
     Offset entries need strictly increasing relative offsets; time entries strictly increasing
@@ -71,16 +73,17 @@ def index_check(buf, Py_ssize_t entries, bint time_index=False):
     This catches the zero-padded, untrimmed files Kafka's own check misses (KAFKA-10207).
     """
     cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
+    cdef Py_ssize_t n = _i64_arg(entries, "entries", InvalidArgumentError)
     cdef Py_ssize_t size = TIME_ENTRY if time_index else OFFSET_ENTRY
-    if entries < 0 or entries > view.shape[0] // size:   # entries * size could wrap
-        raise InvalidArgumentError(f"{entries} entries do not fit an index buffer of "
+    if n < 0 or n > view.shape[0] // size:   # n * size could wrap
+        raise InvalidArgumentError(f"{n} entries do not fit an index buffer of "
                                    f"{view.shape[0]} bytes")
     cdef const uint8_t* b = _ptr(view)
     cdef Py_ssize_t i, bad = -1
     cdef int32_t rel, prev_rel = -1
     cdef int64_t ts, prev_ts = 0
     with nogil:
-        for i in range(entries):
+        for i in range(n):
             if time_index:
                 ts = rd_i64(b + i * TIME_ENTRY)
                 rel = rd_i32(b + i * TIME_ENTRY + 8)
@@ -97,9 +100,8 @@ def index_check(buf, Py_ssize_t entries, bint time_index=False):
     return bad
 
 
-def sparse_index(batches, int64_t base_offset, int64_t position_base, int64_t interval,
-                 int64_t bytes_since_last_entry, int64_t max_timestamp, int64_t offset_of_max_ts,
-                 int64_t last_time_entry_ts):
+def sparse_index(batches, base_offset, position_base, interval, bytes_since_last_entry,
+                 max_timestamp, offset_of_max_ts, last_time_entry_ts):
     """Index entries for appended or recovered batches by Kafka's sparse rule (REF §2.6).
 
     ``batches`` is a BATCH_DTYPE array in file order; a batch's file position is
@@ -111,6 +113,19 @@ def sparse_index(batches, int64_t base_offset, int64_t position_base, int64_t in
     offset_of_max_ts)`` with entries as ``>i4,>i4`` and ``>i8,>i4`` structured arrays ready to be
     copied into the files.
     """
+    return _sparse_index(
+        batches, _i64_arg(base_offset, "base_offset", InvalidOffsetError),
+        _i64_arg(position_base, "position_base", InvalidArgumentError),
+        _i64_arg(interval, "interval", InvalidArgumentError),
+        _i64_arg(bytes_since_last_entry, "bytes_since_last_entry", InvalidArgumentError),
+        _i64_arg(max_timestamp, "max_timestamp", InvalidArgumentError),
+        _i64_arg(offset_of_max_ts, "offset_of_max_ts", InvalidOffsetError),
+        _i64_arg(last_time_entry_ts, "last_time_entry_ts", InvalidArgumentError))
+
+
+cdef _sparse_index(batches, int64_t base_offset, int64_t position_base, int64_t interval,
+                   int64_t bytes_since_last_entry, int64_t max_timestamp,
+                   int64_t offset_of_max_ts, int64_t last_time_entry_ts):
     cdef Py_ssize_t n = len(batches), i
     cdef const int64_t[::1] pos = np.ascontiguousarray(batches["position"])
     cdef const int32_t[::1] size = np.ascontiguousarray(batches["size"])

@@ -411,9 +411,9 @@ cdef int _map_run(MapCore* m, MapBuild* mb, const uint8_t* b, Py_ssize_t* pos,
         pos[0] += h.size
 
 
-def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int64_t start_offset,
-                     aborted=None, *, bint update_only=False, end_offset=None,
-                     bint validate_crc=False, file=None):
+def build_offset_map(OffsetMap omap, buf, start, end, start_offset, aborted=None, *,
+                     bint update_only=False, end_offset=None, bint validate_crc=False,
+                     file=None):
     """Put the keys of the batches in ``buf[start:end]`` with offsets >= ``start_offset`` into
     the map (REF §6.5): control batches and aborted transactional data (``aborted``: int64
     array of rows producer id, first offset, last offset) are skipped; the map's latest offset
@@ -429,15 +429,16 @@ def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int6
     mapped.
     """
     cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
-    cdef Py_ssize_t e = _resolve_end(view.shape[0], start, end)
+    cdef Py_ssize_t pos = _i64_arg(start, "start", InvalidArgumentError)
+    cdef Py_ssize_t e = _resolve_end(view.shape[0], pos, end)
     cdef const uint8_t* b = _ptr(view)
     ab = np.ascontiguousarray(np.zeros((0, 3), dtype=np.int64) if aborted is None else aborted,
                               dtype=np.int64).reshape(-1, 3)
     cdef const int64_t[::1] abv = ab.reshape(-1)
     cdef MapBuild mb
     memset(&mb, 0, sizeof(MapBuild))
-    mb.start_offset = start_offset
-    mb.end_offset = INT64_MAX_C if end_offset is None else end_offset
+    mb.start_offset = _i64_arg(start_offset, "start_offset", InvalidOffsetError)
+    mb.end_offset = _opt_i64(end_offset, INT64_MAX_C, "end_offset")
     mb.max_desired = omap.max_desired_size
     mb.aborted = &abv[0] if abv.shape[0] else NULL
     mb.n_aborted = ab.shape[0]
@@ -446,7 +447,6 @@ def build_offset_map(OffsetMap omap, buf, Py_ssize_t start, Py_ssize_t end, int6
     mb.sk = omap._skey()
     omap._dirty = True
     omap._clean_slots = 0
-    cdef Py_ssize_t pos = start
     cdef int st
     cdef BatchHeader h
     cdef const uint8_t[::1] pview

@@ -251,8 +251,9 @@ cdef class OffsetMap:
     cdef bint _dirty
     cdef int64_t _clean_slots   # leading slots known zero and in memory (a drained merge)
 
-    def __cinit__(self, int64_t memory, double load_factor=0.9, str strategy="offset",
+    def __cinit__(self, memory, double load_factor=0.9, str strategy="offset",
                   header_key=None):
+        cdef int64_t nbytes = _i64_arg(memory, "memory", InvalidArgumentError)
         if strategy not in ("offset", "timestamp", "header"):
             raise ValueError(f"unknown compaction strategy {strategy!r}")
         if not 0.0 < load_factor <= 1.0:
@@ -260,10 +261,10 @@ cdef class OffsetMap:
         self.m.strategy = {"offset": STRATEGY_OFFSET, "timestamp": STRATEGY_TIMESTAMP,
                            "header": STRATEGY_HEADER}[strategy]
         self.m.words = 3 if self.m.strategy == STRATEGY_OFFSET else 4
-        self.m.slots = memory // (self.m.words * 8)
+        self.m.slots = nbytes // (self.m.words * 8)
         self.m.table = min(self.m.slots, INITIAL_TABLE)
         if self.m.slots < 1:
-            raise ValueError(f"an offset map of {memory} bytes has no slot "
+            raise ValueError(f"an offset map of {nbytes} bytes has no slot "
                              f"({self.m.words * 8} bytes each)")
         if strategy == "header":
             self._header_key = (b"" if header_key is None
@@ -273,7 +274,7 @@ cdef class OffsetMap:
                 raise InvalidArgumentError("the header strategy needs a header key")
         else:
             self._header_key = b""
-        self.memory = memory
+        self.memory = nbytes
         self.load_factor = load_factor
         self.strategy = strategy
         # A private anonymous mapping: zeroed pages come from the OS as slots fill, and
@@ -321,9 +322,9 @@ cdef class OffsetMap:
         """Offset of the last put (or as set by update_latest_offset); -1 when cleared."""
         return self.m.latest_offset
 
-    def update_latest_offset(self, int64_t offset) -> None:
+    def update_latest_offset(self, offset) -> None:
         """Set the latest offset directly (Kafka's updateLatestOffset)."""
-        self.m.latest_offset = offset
+        self.m.latest_offset = _i64_arg(offset, "offset", InvalidOffsetError)
 
     @property
     def utilization(self) -> float:
@@ -347,13 +348,15 @@ cdef class OffsetMap:
         cdef const uint8_t[::1] v = _byte_buffer(key, "key")
         murmur3_x64_128(_ptr(v), v.shape[0], 0, h1, h2)
 
-    def put(self, key, int64_t offset, int64_t value=0) -> None:
+    def put(self, key, offset, value=0) -> None:
         """Map ``key`` to ``offset`` (a strategy map keeps the entry with the larger value)."""
+        cdef int64_t o = _i64_arg(offset, "offset", InvalidOffsetError)
+        cdef int64_t v = _i64_arg(value, "value", InvalidArgumentError)
         cdef uint64_t h1, h2
         self._digest(key, &h1, &h2)
         self._dirty = True
         self._clean_slots = 0
-        cdef int st = _map_put(&self.m, h1, h2, offset, value, False)
+        cdef int st = _map_put(&self.m, h1, h2, o, v, False)
         if st == ST_MAP_FULL:
             raise OverflowError(f"the offset map is full ({self.m.slots} slots)")
         if st == ST_NO_MEMORY:
@@ -379,7 +382,7 @@ cdef class OffsetMap:
         if later is self:
             raise ValueError("a map cannot merge into itself")
 
-    def merge_lookup(self, OffsetMap later, int64_t start=0, stop=None, *,
+    def merge_lookup(self, OffsetMap later, start=0, stop=None, *,
                      bint drain=False) -> tuple:
         """A merge's first phase over ``later``'s slots ``[start, stop)`` (``stop`` defaults
         to ``later.table_slots``): the offsets of the keys this map holds are overwritten with
@@ -390,18 +393,19 @@ cdef class OffsetMap:
         ``later``'s slots of the range), so two threads may look up disjoint slot ranges of the
         same two maps at once; nothing else may change either map meanwhile."""
         self._check_merge(later)
-        cdef int64_t end = later.m.table if stop is None else stop
-        if not 0 <= start <= end <= later.m.table:
-            raise ValueError(f"slot range [{start}, {end}) is outside the "
+        cdef int64_t lo = _i64_arg(start, "start", InvalidArgumentError)
+        cdef int64_t end = _opt_i64(stop, later.m.table, "stop")
+        if not 0 <= lo <= end <= later.m.table:
+            raise ValueError(f"slot range [{lo}, {end}) is outside the "
                              f"{later.m.table} slots of the merged map")
-        rows = np.empty((min(end - start, later.m.entries), 4), dtype=np.int64)
+        rows = np.empty((min(end - lo, later.m.entries), 4), dtype=np.int64)
         cdef int64_t[:, ::1] out = rows
         cdef int64_t found = 0, drained = 0
         self._dirty = True
         self._clean_slots = 0
         if out.shape[0]:
             with nogil:
-                found = _map_merge_lookup(&self.m, &later.m, start, end, drain, &out[0, 0],
+                found = _map_merge_lookup(&self.m, &later.m, lo, end, drain, &out[0, 0],
                                           out.shape[0], &drained)
         if drained:
             later.m.layout += 1   # slots of later emptied: its pending lookups are stale
@@ -456,7 +460,7 @@ cdef class OffsetMap:
         self._digest(key, &h1, &h2)
         return _map_get(&self.m, h1, h2)
 
-    def clear(self, int64_t table_hint=0, bint keep_pages=False) -> None:
+    def clear(self, table_hint=0, bint keep_pages=False) -> None:
         """Zero the buffer and the counters; latest offset -1. The touched pages are given
         back to the OS; or, with ``keep_pages``, zeroed in place and kept, and the table to be
         probed first is faulted in now, by the calling thread.
@@ -465,6 +469,7 @@ cdef class OffsetMap:
         size of its growth sequence that reaches ``table_hint`` slots (a cleaner passes the
         size a partition's last round grew to, so a round like the last one skips the growth
         steps and their re-placing of every entry)."""
+        cdef int64_t hint = _i64_arg(table_hint, "table_hint", InvalidArgumentError)
         cdef int64_t new, old_table = self.m.table, zeroed, clean
         if self._dirty and not keep_pages:
             # Dropping the pages zeroes them (private anonymous memory) at the cost of only
@@ -476,7 +481,7 @@ cdef class OffsetMap:
         self.m.latest_offset = -1
         self.m.layout += 1
         self.m.table = min(self.m.slots, INITIAL_TABLE)
-        while self.m.table < table_hint and self.m.table < self.m.slots:
+        while self.m.table < hint and self.m.table < self.m.slots:
             # _map_grow's steps, on an empty table: double, or jump to the whole buffer.
             new = self.m.table * 2 if self.m.table * 2 < self.m.slots else self.m.slots
             if <size_t>self.m.table * <size_t>self.m.words * 16 > GROW_SCRATCH_MAX:

@@ -311,9 +311,8 @@ cdef int _pwrite_all(int fd, const uint8_t* p, size_t n, int64_t at) noexcept no
     return 0
 
 
-def write_base_offsets(int fd, const int64_t[::1] positions, const int32_t[::1] sizes,
-                       const int64_t[::1] base_offsets, int32_t partition_leader_epoch=0,
-                       file=None):
+def write_base_offsets(fd, const int64_t[::1] positions, const int32_t[::1] sizes,
+                       const int64_t[::1] base_offsets, partition_leader_epoch=0, file=None):
     """Rewrite the baseOffset and partitionLeaderEpoch of v2 batches in the file open on ``fd``,
     with one 16-byte pwrite per batch at ``positions[i]``: baseOffset, the batch's unchanged
     batchLength (``sizes[i] - 12``), the epoch. The CRC covers none of them.
@@ -324,10 +323,13 @@ def write_base_offsets(int fd, const int64_t[::1] positions, const int32_t[::1] 
     the file (InvalidArgumentError, a ValueError, otherwise, before anything is written); a
     failed write raises OSError naming ``file``, with the batches before it rewritten.
     """
+    cdef int f = _i32_arg(fd, "fd", InvalidArgumentError)
+    cdef int32_t epoch = _i32_arg(partition_leader_epoch, "partition_leader_epoch",
+                                  InvalidArgumentError)
     cdef Py_ssize_t n = positions.shape[0], i
     if sizes.shape[0] != n or base_offsets.shape[0] != n:
         raise InvalidArgumentError("positions, sizes and base_offsets must have the same length")
-    cdef int64_t file_size = _os.fstat(fd).st_size
+    cdef int64_t file_size = _os.fstat(f).st_size
     for i in range(n):
         if (positions[i] < 0 or sizes[i] < V2_HEADER_C
                 or positions[i] > file_size - sizes[i]):
@@ -339,8 +341,8 @@ def write_base_offsets(int fd, const int64_t[::1] positions, const int32_t[::1] 
         for i in range(n):
             wr_i64(head, base_offsets[i])
             wr_i32(head + 8, sizes[i] - LOG_OVERHEAD_C)
-            wr_i32(head + 12, partition_leader_epoch)
-            err = _pwrite_all(fd, head, 16, positions[i])
+            wr_i32(head + 12, epoch)
+            err = _pwrite_all(f, head, 16, positions[i])
             if err:
                 break
     if err:

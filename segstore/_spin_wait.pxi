@@ -32,10 +32,11 @@ cdef int64_t* _flag(int64_t[::1] flags, Py_ssize_t index) except NULL:
     return &flags[index]
 
 
-def spin_set(int64_t[::1] flags not None, Py_ssize_t index, int64_t value) -> None:
+def spin_set(int64_t[::1] flags not None, index, value) -> None:
     """Set ``flags[index]`` for a thread in :func:`spin_wait`, after (in memory order) every
     write this thread made before."""
-    SEGSTORE_STORE_RELEASE(_flag(flags, index), value)
+    cdef int64_t v = _i64_arg(value, "value", InvalidArgumentError)
+    SEGSTORE_STORE_RELEASE(_flag(flags, _i64_arg(index, "index", InvalidArgumentError)), v)
 
 
 cdef inline int64_t _now_ns() noexcept nogil:
@@ -44,11 +45,11 @@ cdef inline int64_t _now_ns() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
-def spin_wait(int64_t[::1] flags not None, Py_ssize_t index, double seconds) -> int:
+def spin_wait(int64_t[::1] flags not None, index, double seconds) -> int:
     """Spin without the GIL until ``flags[index]`` is not 0, for at most ``seconds``; the
     value seen (0 when the time ran out). Another thread sets the flag with
     :func:`spin_set`."""
-    cdef const int64_t* p = _flag(flags, index)
+    cdef const int64_t* p = _flag(flags, _i64_arg(index, "index", InvalidArgumentError))
     cdef int64_t v = 0, deadline
     cdef int n
     with nogil:

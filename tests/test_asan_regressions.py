@@ -387,3 +387,104 @@ def test_a_read_only_output_buffer_is_a_buffer_type_error(call):
     from segstore.errors import BufferTypeError
     with pytest.raises(BufferTypeError, match="out must be a writable buffer"):
         BUFFER_CALLS[call](bytes(4096))
+
+
+# ------------------------------------------------------------------------------------------------
+# Integer arguments past int64
+
+
+def _read_only_map():
+    import mmap
+    return mmap.mmap(-1, 4096, prot=mmap.PROT_READ)
+
+
+def _fd(tmp_path):
+    import os
+    return os.open(tmp_path / "f.log", os.O_CREAT | os.O_RDWR)
+
+
+_NO_ROWS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64))
+
+# "function.argument": a call with ``v`` as that argument (the others valid). Every entry point
+# whose integers Cython converted to C types (int64_t, Py_ssize_t, int) is here.
+INT_CALLS = {
+    "BatchFilter.now": lambda v, tmp: _core.BatchFilter(_omap(), v, 1_000, 100),
+    "BatchFilter.delete_retention_ms": lambda v, tmp: _core.BatchFilter(_omap(), 2_000, v, 100),
+    "BatchFilter.upper_bound": lambda v, tmp: _core.BatchFilter(_omap(), 2_000, 1_000, v),
+    "recompressed.rebuilt_size": lambda v, tmp: _filter().recompressed(v, 10),
+    "recompressed.compressed_size": lambda v, tmp: _filter().recompressed(10, v),
+    "run.start": lambda v, tmp: _filter().run(_one_batch(), v, 0, bytearray(64), 0),
+    "run.end": lambda v, tmp: _filter().run(_one_batch(), 0, v, bytearray(64), 0),
+    "run.out_pos": lambda v, tmp: _filter().run(_one_batch(), 0, 0, bytearray(64), v),
+    "room_needed.pos": lambda v, tmp: _core.BatchFilter.room_needed(_one_batch(), v),
+    "room_needed.payload_len": lambda v, tmp: _core.BatchFilter.room_needed(_one_batch(), 0, v),
+    "filter_one.pos": lambda v, tmp: _filter().filter_one(_one_batch(), v, 2, False, False,
+                                                          bytearray(4096), 0),
+    "filter_one.mode": lambda v, tmp: _filter().filter_one(_one_batch(), 0, v, False, False,
+                                                           bytearray(4096), 0),
+    "filter_one.out_pos": lambda v, tmp: _filter().filter_one(_one_batch(), 0, 2, False, False,
+                                                              bytearray(4096), v),
+    **{f"count_legacy.{name}": (lambda i: lambda v, tmp: _filter().count_legacy(
+        *[v if j == i else 1 for j in range(6)]))(i)
+       for i, name in enumerate(["messages", "size", "written_messages", "written_bytes",
+                                 "max_offset", "invalid"])},
+    "plain_batches.start": lambda v, tmp: _core.plain_batches(_one_batch(), v),
+    "plain_batches.end": lambda v, tmp: _core.plain_batches(_one_batch(), 0, v),
+    "release_pages.start": lambda v, tmp: _core.release_pages(_read_only_map(), v, 0),
+    "release_pages.end": lambda v, tmp: _core.release_pages(_read_only_map(), 0, v),
+    "finish_crcs.start": lambda v, tmp: _core.finish_crcs(bytearray(64), v, 0),
+    "finish_crcs.end": lambda v, tmp: _core.finish_crcs(bytearray(64), 0, v),
+    "compress_batch_at.pos": lambda v, tmp: _core.compress_batch_at(_one_batch(), v, 61, 1),
+    "compress_batch_at.size": lambda v, tmp: _core.compress_batch_at(_one_batch(), 0, v, 1),
+    "compress_batch_at.codec": lambda v, tmp: _core.compress_batch_at(_one_batch(), 0, 61, v),
+    "index_lookup.entries": lambda v, tmp: _core.index_lookup(bytes(64), v, 5),
+    "index_lookup.target": lambda v, tmp: _core.index_lookup(bytes(64), 1, v),
+    "index_check.entries": lambda v, tmp: _core.index_check(bytes(64), v),
+    **{f"sparse_index.{name}": (lambda i: lambda v, tmp: _core.sparse_index(
+        _core.scan_batches(_one_batch()).batches, *[v if j == i else 0 for j in range(7)]))(i)
+       for i, name in enumerate(["base_offset", "position_base", "interval",
+                                 "bytes_since_last_entry", "max_timestamp", "offset_of_max_ts",
+                                 "last_time_entry_ts"])},
+    "build_offset_map.start": lambda v, tmp: _core.build_offset_map(_omap(), _one_batch(), v,
+                                                                    None, 0),
+    "build_offset_map.end": lambda v, tmp: _core.build_offset_map(_omap(), _one_batch(), 0, v,
+                                                                  0),
+    "build_offset_map.start_offset": lambda v, tmp: _core.build_offset_map(
+        _omap(), _one_batch(), 0, None, v),
+    "build_offset_map.end_offset": lambda v, tmp: _core.build_offset_map(
+        _omap(), _one_batch(), 0, None, 0, end_offset=v),
+    "OffsetMap.memory": lambda v, tmp: _core.OffsetMap(v),
+    "update_latest_offset.offset": lambda v, tmp: _omap().update_latest_offset(v),
+    "put.offset": lambda v, tmp: _omap().put(b"k", v),
+    "put.value": lambda v, tmp: _omap().put(b"k", 1, v),
+    "merge_lookup.start": lambda v, tmp: _omap().merge_lookup(_omap(), v),
+    "merge_lookup.stop": lambda v, tmp: _omap().merge_lookup(_omap(), 0, v),
+    "clear.table_hint": lambda v, tmp: _omap().clear(v),
+    "write_base_offsets.fd": lambda v, tmp: _core.write_base_offsets(v, *_NO_ROWS),
+    "write_base_offsets.partition_leader_epoch": lambda v, tmp: _core.write_base_offsets(
+        _fd(tmp), *_NO_ROWS, v),
+    "spin_set.index": lambda v, tmp: _core.spin_set(np.zeros(2, dtype=np.int64), v, 1),
+    "spin_set.value": lambda v, tmp: _core.spin_set(np.zeros(2, dtype=np.int64), 0, v),
+    "spin_wait.index": lambda v, tmp: _core.spin_wait(np.zeros(2, dtype=np.int64), v, 0.0),
+    "buffer_pool_set_limit.nbytes": lambda v, tmp: _core.buffer_pool_set_limit(v),
+}
+
+
+@pytest.mark.parametrize("value", [2**63, -2**63 - 1, 2**64 + 5])
+@pytest.mark.parametrize("call", list(INT_CALLS))
+def test_an_int_past_int64_is_a_typed_error_naming_the_argument(call, value, tmp_path):
+    """These entry points took their integers as C parameters: an int outside int64 (or int32)
+    raised Cython's bare OverflowError naming no argument. Each is now converted once per call
+    by the helper the decoders use: InvalidArgumentError (InvalidOffsetError for an offset)."""
+    from segstore.errors import InvalidOffsetError
+    name = call.rsplit(".", 1)[1]
+    with pytest.raises((InvalidArgumentError, InvalidOffsetError), match=rf"^{name} must"):
+        INT_CALLS[call](value, tmp_path)
+
+
+@pytest.mark.parametrize("call", list(INT_CALLS))
+def test_a_float_integer_argument_is_an_offset_type_error(call, tmp_path):
+    """A float was truncated or refused with a bare TypeError; now OffsetTypeError names it."""
+    from segstore.errors import OffsetTypeError
+    with pytest.raises(OffsetTypeError, match=rf"^{call.rsplit('.', 1)[1]} must be an int"):
+        INT_CALLS[call](1.5, tmp_path)
