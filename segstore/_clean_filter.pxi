@@ -329,7 +329,8 @@ cdef class BatchFilter:
     cdef OffsetMap omap
     cdef MapCore mc
 
-    def __cinit__(self, OffsetMap omap, now, delete_retention_ms, upper_bound):
+    def __cinit__(self, omap, now, delete_retention_ms, upper_bound):
+        cdef OffsetMap om = _offset_map_arg(omap, "omap")
         # now >= 0: the horizon's overflow check below subtracts it from INT64_MAX.
         cdef int64_t t = _int_arg(now, "now", InvalidArgumentError, 0, INT64_MAX_C,
                                   "an int from 0 to 2**63 - 1 (milliseconds since the epoch)",
@@ -337,12 +338,12 @@ cdef class BatchFilter:
         cdef int64_t retention = _i64_arg(delete_retention_ms, "delete_retention_ms",
                                           InvalidArgumentError)
         memset(&self.fc, 0, sizeof(FilterCore))
-        self.omap = omap
-        self.mc = omap.m
+        self.omap = om
+        self.mc = om.m
         self.fc.now = t
         self.fc.new_horizon = t + retention if retention < INT64_MAX_C - t else INT64_MAX_C
         self.fc.upper_bound = _i64_arg(upper_bound, "upper_bound", InvalidOffsetError)
-        self.fc.strategy = omap.m.strategy
+        self.fc.strategy = om.m.strategy
         self.fc.max_offset = -1
 
     def __dealloc__(self):

@@ -162,6 +162,32 @@ def decode_columns(
     Arrays of 1 MiB or more are taken from the buffer pool (segstore.buffer_pool). A buffer
     written to during the decode raises CorruptRecordError ("batch changed during decode")."""
 
+def decode_columns_multi(
+    sources: Sequence[tuple],
+    *,
+    min_offset: Optional[int] = None,
+    end_offset: Optional[int] = None,
+    max_records: Optional[int] = None,
+    validate_crc: bool = True,
+    include_headers: bool = False,
+    topic: Optional[str] = None,
+    partition: Optional[int] = None,
+    strict: bool = False,
+) -> RecordColumns:
+    """decode_columns over ``(buffer, start, end, file[, release[, checked]])`` ranges into one
+    set of columns (a log's segments); ``release`` acts on read-only ``mmap.mmap`` only."""
+
+def index_lookup(buf: Buffer, entries: int, target: int, time_index: bool = False) -> int:
+    """Slot of the floor entry for ``target`` (relative offset or timestamp), or -1."""
+
+def index_check(buf: Buffer, entries: int, time_index: bool = False) -> int:
+    """First slot that breaks the index's ordering, or -1 when the entries are sane."""
+
+def sparse_index(batches: np.ndarray, base_offset: int, position_base: int, interval: int,
+                 bytes_since_last_entry: int, max_timestamp: int, offset_of_max_ts: int,
+                 last_time_entry_ts: int) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """Offset and time index entries for batches by Kafka's sparse rule (REF §2.6)."""
+
 def buffer_pool_set_limit(nbytes: int) -> int:
     """Keep at most nbytes of freed column buffers; returns the previous limit."""
 

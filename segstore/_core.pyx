@@ -30,7 +30,7 @@ import numpy as np
 from crc32c import crc32c as _crc32c_pkg
 
 from .columns import BinaryColumn, HeaderColumn, RecordColumns
-from .errors import (BufferTypeError, CorruptRecordError, InvalidArgumentError,
+from .errors import (ArgumentTypeError, BufferTypeError, CorruptRecordError, InvalidArgumentError,
                      InvalidOffsetError, InvalidRecordError, OffsetTypeError)
 from .records import ConsumerRecord
 from . import compression as _compression

@@ -139,8 +139,8 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     """decode_columns over several ``(buffer, start, end, file[, release[, checked]])`` ranges
     into one set of columns. ``release``: the pages of the buffer may be dropped once copied,
     which is done only for a read-only ``mmap.mmap`` (a log's segment map) and ignored for any
-    other buffer, where it would lose data; ``checked``: a ``(lo, hi)`` byte range whose batches' CRCs the caller
-    has just checked (they are not checked again).
+    other buffer, where it would lose data; ``checked``: a ``(lo, hi)`` byte range whose
+    batches' CRCs the caller has just checked (they are not checked again).
 
     A log's segments decode straight into one allocation: no per-segment columns to concatenate.
     With ``max_records`` the batches are checked and decoded only up to the one holding the

@@ -411,7 +411,7 @@ cdef int _map_run(MapCore* m, MapBuild* mb, const uint8_t* b, Py_ssize_t* pos,
         pos[0] += h.size
 
 
-def build_offset_map(OffsetMap omap, buf, start, end, start_offset, aborted=None, *,
+def build_offset_map(omap, buf, start, end, start_offset, aborted=None, *,
                      bint update_only=False, end_offset=None, bint validate_crc=False,
                      file=None):
     """Put the keys of the batches in ``buf[start:end]`` with offsets >= ``start_offset`` into
@@ -428,6 +428,7 @@ def build_offset_map(OffsetMap omap, buf, start, end, start_offset, aborted=None
     (CorruptRecordError naming the batch); a cleaner then needs no second CRC pass over what it
     mapped.
     """
+    cdef OffsetMap om = _offset_map_arg(omap, "omap")
     cdef const uint8_t[::1] view = _byte_buffer(buf, "buf")
     cdef Py_ssize_t pos = _i64_arg(start, "start", InvalidArgumentError)
     cdef Py_ssize_t e = _resolve_end(view.shape[0], pos, end)
@@ -439,27 +440,27 @@ def build_offset_map(OffsetMap omap, buf, start, end, start_offset, aborted=None
     memset(&mb, 0, sizeof(MapBuild))
     mb.start_offset = _i64_arg(start_offset, "start_offset", InvalidOffsetError)
     mb.end_offset = _opt_i64(end_offset, INT64_MAX_C, "end_offset")
-    mb.max_desired = omap.max_desired_size
+    mb.max_desired = om.max_desired_size
     mb.aborted = &abv[0] if abv.shape[0] else NULL
     mb.n_aborted = ab.shape[0]
     mb.update_only = update_only
     mb.validate_crc = validate_crc and _crc_fn != NULL
-    mb.sk = omap._skey()
-    omap._dirty = True
-    omap._clean_slots = 0
+    mb.sk = om._skey()
+    om._dirty = True
+    om._clean_slots = 0
     cdef int st
     cdef BatchHeader h
     cdef const uint8_t[::1] pview
     while True:
         with nogil:
-            st = _map_run(&omap.m, &mb, b, &pos, e)
+            st = _map_run(&om.m, &mb, b, &pos, e)
         if st == ST_END or (st == ST_OK and mb.full):
             break
         if st != ST_NEED_PYTHON:
             _raise_status(st, pos, file)
         scan_one(b, pos, e, &h)
         if h.magic < 2:
-            _map_legacy(omap, &mb, buf, pos, h.size, file)
+            _map_legacy(om, &mb, buf, pos, h.size, file)
         else:
             if validate_crc and not (_crc_v2_at(b, &h) == 1 or _crc_ok(memoryview(buf), &h)):
                 _raise_status(ST_CRC, pos, file)
@@ -470,7 +471,7 @@ def build_offset_map(OffsetMap omap, buf, start, end, start_offset, aborted=None
                 raise CorruptRecordError(ex.reason, file=file, position=pos) from None
             pview = payload
             mb.ahead = mb.ahead_end = NULL
-            st = _map_batch(&omap.m, &mb, &h, _ptr(pview), 0, pview.shape[0])
+            st = _map_batch(&om.m, &mb, &h, _ptr(pview), 0, pview.shape[0])
             _raise_status(st, pos, file)
             if mb.full:
                 break

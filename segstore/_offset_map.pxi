@@ -362,7 +362,7 @@ cdef class OffsetMap:
         if st == ST_NO_MEMORY:
             raise MemoryError("growing the offset map's probed table")
 
-    def merge_from(self, OffsetMap later, bint drain=False) -> None:
+    def merge_from(self, later, bint drain=False) -> None:
         """Put every entry of ``later`` into this map, as if its records had been mapped here
         after this map's own: ``later`` must be an offset-strategy map built over records that
         all come after this map's (a map build split in two halves, mapped at once). The
@@ -382,7 +382,7 @@ cdef class OffsetMap:
         if later is self:
             raise ValueError("a map cannot merge into itself")
 
-    def merge_lookup(self, OffsetMap later, start=0, stop=None, *,
+    def merge_lookup(self, later, start=0, stop=None, *,
                      bint drain=False) -> tuple:
         """A merge's first phase over ``later``'s slots ``[start, stop)`` (``stop`` defaults
         to ``later.table_slots``): the offsets of the keys this map holds are overwritten with
@@ -392,37 +392,39 @@ cdef class OffsetMap:
         Runs without the GIL and writes only the offsets of keys found (and, draining,
         ``later``'s slots of the range), so two threads may look up disjoint slot ranges of the
         same two maps at once; nothing else may change either map meanwhile."""
-        self._check_merge(later)
+        cdef OffsetMap lm = _offset_map_arg(later, "later")
+        self._check_merge(lm)
         cdef int64_t lo = _i64_arg(start, "start", InvalidArgumentError)
-        cdef int64_t end = _opt_i64(stop, later.m.table, "stop")
-        if not 0 <= lo <= end <= later.m.table:
+        cdef int64_t end = _opt_i64(stop, lm.m.table, "stop")
+        if not 0 <= lo <= end <= lm.m.table:
             raise ValueError(f"slot range [{lo}, {end}) is outside the "
-                             f"{later.m.table} slots of the merged map")
-        rows = np.empty((min(end - lo, later.m.entries), 4), dtype=np.int64)
+                             f"{lm.m.table} slots of the merged map")
+        rows = np.empty((min(end - lo, lm.m.entries), 4), dtype=np.int64)
         cdef int64_t[:, ::1] out = rows
         cdef int64_t found = 0, drained = 0
         self._dirty = True
         self._clean_slots = 0
         if out.shape[0]:
             with nogil:
-                found = _map_merge_lookup(&self.m, &later.m, lo, end, drain, &out[0, 0],
+                found = _map_merge_lookup(&self.m, &lm.m, lo, end, drain, &out[0, 0],
                                           out.shape[0], &drained)
         if drained:
-            later.m.layout += 1   # slots of later emptied: its pending lookups are stale
+            lm.m.layout += 1   # slots of later emptied: its pending lookups are stale
         if found < 0:
             raise RuntimeError("the merged map gained entries during merge_lookup (maps being "
                                "merged must not change meanwhile)")
-        return (self, later, self.m.layout, rows[:found], drained)
+        return (self, lm, self.m.layout, rows[:found], drained)
 
-    def merge_insert(self, OffsetMap later, *lookups) -> None:
+    def merge_insert(self, later, *lookups) -> None:
         """A merge's second phase: insert the keys of ``later`` that :meth:`merge_lookup`
         (one call, or several over consecutive slot ranges, in order) did not find, then add
         up the counters and keep the larger latest offset, as :meth:`merge_from` does. When
         the lookups drained every entry of ``later``, ``later`` is left empty: no entries,
         counters reset, its zeroed pages kept for its next ``clear(keep_pages=True)``."""
-        self._check_merge(later)
+        cdef OffsetMap lm = _offset_map_arg(later, "later")
+        self._check_merge(lm)
         cdef int64_t lookups_n = self.m.lookups, probes = self.m.probes
-        cdef int64_t latest = max(self.m.latest_offset, later.m.latest_offset)
+        cdef int64_t latest = max(self.m.latest_offset, lm.m.latest_offset)
         cdef int64_t[:, ::1] rows
         cdef int st = ST_OK
         cdef int64_t drained = 0
@@ -430,7 +432,7 @@ cdef class OffsetMap:
         self._dirty = True
         self._clean_slots = 0
         for owner, source, layout, found, taken in lookups:
-            if owner is not self or source is not later:
+            if owner is not self or source is not lm:
                 raise ValueError("merge_insert takes what merge_lookup returned for the same "
                                  "two maps")
             drained += taken
@@ -442,13 +444,13 @@ cdef class OffsetMap:
                 st = _map_merge_insert(&self.m, &rows[0, 0], rows.shape[0], valid)
             if st != ST_OK:
                 break
-        self.m.lookups = lookups_n + later.m.lookups
-        self.m.probes = probes + later.m.probes
+        self.m.lookups = lookups_n + lm.m.lookups
+        self.m.probes = probes + lm.m.probes
         self.m.latest_offset = latest
-        if drained and drained == later.m.entries:
-            later.m.entries = later.m.lookups = later.m.probes = 0
-            later.m.latest_offset = -1
-            later._clean_slots = later.m.table
+        if drained and drained == lm.m.entries:
+            lm.m.entries = lm.m.lookups = lm.m.probes = 0
+            lm.m.latest_offset = -1
+            lm._clean_slots = lm.m.table
         if st == ST_MAP_FULL:
             raise OverflowError(f"the offset map is full ({self.m.slots} slots)")
         if st == ST_NO_MEMORY:
@@ -513,3 +515,11 @@ cdef class OffsetMap:
     def __repr__(self):
         return (f"OffsetMap(slots={self.m.slots}, size={self.m.entries}, "
                 f"latest_offset={self.m.latest_offset}, strategy={self.strategy!r})")
+
+
+cdef OffsetMap _offset_map_arg(object obj, str name):
+    """``obj`` when it is an OffsetMap, else ArgumentTypeError naming ``name``: a typed
+    OffsetMap parameter let None through, whose memory was then read as a map's."""
+    if not isinstance(obj, OffsetMap):
+        raise ArgumentTypeError(f"{name} must be an OffsetMap, not {type(obj).__name__}")
+    return <OffsetMap>obj

@@ -78,7 +78,12 @@ class InvalidArgumentError(SegstoreError, ValueError):
     ``start``/``end`` outside the buffer given to the codec)."""
 
 
-class BufferTypeError(InvalidArgumentError, TypeError):
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (None or another object where the compiled core needs
+    an OffsetMap, say): a TypeError too."""
+
+
+class BufferTypeError(ArgumentTypeError):
     """A buffer argument that is not a one-dimensional, contiguous buffer of bytes (bytes,
     bytearray, mmap, memoryview, a uint8 array): a TypeError too."""
 

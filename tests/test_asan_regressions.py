@@ -488,3 +488,22 @@ def test_a_float_integer_argument_is_an_offset_type_error(call, tmp_path):
     from segstore.errors import OffsetTypeError
     with pytest.raises(OffsetTypeError, match=rf"^{call.rsplit('.', 1)[1]} must be an int"):
         INT_CALLS[call](1.5, tmp_path)
+
+
+_MAP_ARGUMENTS = {
+    "BatchFilter": lambda bad: _core.BatchFilter(bad, 0, 0, 10),
+    "build_offset_map": lambda bad: _core.build_offset_map(bad, b"", 0, 0, 0),
+    "merge_from": lambda bad: _core.OffsetMap(1 << 16).merge_from(bad),
+    "merge_lookup": lambda bad: _core.OffsetMap(1 << 16).merge_lookup(bad),
+    "merge_insert": lambda bad: _core.OffsetMap(1 << 16).merge_insert(bad),
+}
+
+
+@pytest.mark.parametrize("bad", [None, 7, b"map", {}], ids=["None", "int", "bytes", "dict"])
+@pytest.mark.parametrize("where", sorted(_MAP_ARGUMENTS))
+def test_an_offset_map_argument_that_is_no_offset_map_is_an_argument_type_error(where, bad):
+    # A typed OffsetMap parameter let None through, and its memory was read as a map's
+    # (merge_from(None) asked for petabytes; BatchFilter(None) copied garbage).
+    from segstore.errors import ArgumentTypeError
+    with pytest.raises(ArgumentTypeError, match=r"(omap|later) must be an OffsetMap, not "):
+        _MAP_ARGUMENTS[where](bad)
