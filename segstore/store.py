@@ -29,6 +29,7 @@ from .errors import (BufferTypeError, InvalidConfigError, InvalidRecordError, In
                      UnknownTopicOrPartitionError, is_time_ms, now_argument, offset_argument)
 from .file_lock import FileLock
 from .log import PartitionLog
+from .log_map import LogMap
 from .log_isolation import read_committed
 from .records import RecordMetadata, TopicPartition
 from .recovery_threads import run_jobs
@@ -74,7 +75,7 @@ class LogStore(TopicAdmin, ScheduledTasks):
         self._closed = False
         self._file_lock = FileLock(self.path)
         self._topics: dict[str, dict] = {}        # name -> {"partitions": n, "config": TopicConfig}
-        self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._logs = LogMap(self.path)   # writable logs load at first use after a clean close
         self._damaged: dict = {}  # name -> CorruptMetadataError, see _discover
         self._deletes = SegmentDeleteQueue(self.clock)  # ``.deleted`` segments awaiting removal
         self._round_robin = itertools.count()
@@ -91,7 +92,8 @@ class LogStore(TopicAdmin, ScheduledTasks):
             RETENTION_INITIAL_DELAY_MS, self.config.retention_check_interval_ms)
         self._next_expiration_ms = (self._last_checkpoint_ms
                                     + self.config.producer_id_expiration_check_interval_ms)
-        self.cleaner = LogCleaner(self.path, self.config, lambda: dict(self._logs), self.clock,
+        # The map itself: the cleaner's lookups of one log (compact(topic)) load only that one.
+        self.cleaner = LogCleaner(self.path, self.config, lambda: self._logs, self.clock,
                                   retention=self._retain_compacted)
         if readonly:
             if not os.path.isdir(self.path):
@@ -108,7 +110,6 @@ class LogStore(TopicAdmin, ScheduledTasks):
                 os.unlink(marker)  # a crash while loading must count as unclean (KAFKA-10471)
                 fsync_dir(self.path)
             self._load(clean_shutdown=clean, topics=topics)
-            self._mark_partitions()
         except BaseException:
             self._file_lock.release()
             raise
@@ -143,19 +144,16 @@ class LogStore(TopicAdmin, ScheduledTasks):
         self._damaged = damaged
         return topics
 
-    def _mark_partitions(self) -> None:
-        # Stores written before the markers existed get them at their first writable open.
-        for name, meta in self._topics.items():
-            # The loader listed each directory: most have their marker already.
-            unmarked = [p for p in hosted_partitions(meta)
-                        if PARTITION_MARKER not in
-                        self._logs[TopicPartition(name, p)].load_result.listing]
-            if unmarked and os.path.exists(meta_path(self.path, name)):
-                try:
-                    mark_partitions(self.path, name, unmarked)
-                except OSError as e:  # only a safeguard: not worth refusing the open for
-                    log.warning("cannot mark the partition directories of topic %r: %s",
-                                name, e)
+    def _mark_partition(self, lg: PartitionLog) -> None:
+        # Stores written before the markers existed get them when a writable open loads their
+        # logs. The loader listed the directory: most have their marker already.
+        if PARTITION_MARKER in lg.load_result.listing or \
+                not os.path.exists(meta_path(self.path, lg.topic)):
+            return
+        try:
+            mark_partitions(self.path, lg.topic, [lg.partition])
+        except OSError as e:  # only a safeguard: not worth refusing the open for
+            log.warning("cannot mark the partition directory %s: %s", lg.directory, e)
 
     def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None,
               topics: Optional[dict] = None) -> None:
@@ -168,9 +166,17 @@ class LogStore(TopicAdmin, ScheduledTasks):
             for p in hosted_partitions(meta):
                 tp = TopicPartition(topic, p)
                 if reuse and tp in reuse:
-                    self._logs[tp] = reuse[tp]
+                    self._logs.add(tp, reuse[tp])
                 else:
                     todo.append((tp, meta["config"]))
+        if clean_shutdown and not self.readonly:
+            # Nothing to recover, and the lock keeps other writers out: each log loads at its
+            # first use (log_map.py), so a commit to a few partitions of a large store does
+            # not load them all.
+            for tp, _ in todo:
+                rp, start = recovery.get(tp, 0), starts.get(tp, 0)
+                self._logs.defer(tp, partial(self._load_deferred, tp, rp, start), rp, start)
+            return
         # A read-only log lists nothing until used: only writable opens have work to share.
         threads = 1 if self.readonly else self.config.num_recovery_threads_per_data_dir
         opened = run_jobs(threads, [
@@ -180,7 +186,17 @@ class LogStore(TopicAdmin, ScheduledTasks):
             if error is not None:
                 raise error  # the first failed partition, in order
             if lg is not None:
-                self._logs[tp] = lg
+                self._logs.add(tp, lg)
+                if not self.readonly:
+                    self._mark_partition(lg)
+
+    def _load_deferred(self, tp: TopicPartition, recovery_point: int,
+                       log_start: int) -> PartitionLog:
+        # Run by LogMap at the log's first lookup, with the topic's config as it is now.
+        lg = self._open_log(tp, self._topics[tp.topic]["config"], recovery_point, log_start,
+                            True)
+        self._mark_partition(lg)
+        return lg
 
     def _open_log(self, tp: TopicPartition, config: TopicConfig, recovery_point: int,
                   log_start: int, clean: bool) -> PartitionLog:
@@ -223,8 +239,8 @@ class LogStore(TopicAdmin, ScheduledTasks):
     def _reload_readonly(self) -> None:
         # Pick up topics created since; logs already handed out stay open and usable.
         with self._lock:
-            old_logs = dict(self._logs)
-            self._topics, self._logs = {}, {}
+            old_logs = self._logs.loaded()   # read-only logs are all loaded by the open
+            self._topics, self._logs = {}, LogMap(self.path)
             self._load(clean_shutdown=True, reuse=old_logs)
             for tp, lg in old_logs.items():
                 if self._logs.get(tp) is not lg:
@@ -434,7 +450,8 @@ class LogStore(TopicAdmin, ScheduledTasks):
                 if tp not in self._logs:
                     raise UnknownTopicOrPartitionError(f"no partition {tp.topic}-{tp.partition}")
         else:
-            tps = sorted(tp for tp, lg in self._logs.items() if lg.config.compact)
+            # By the topics' configs: a log not loaded yet is loaded only if it is compacted.
+            tps = sorted(tp for tp in self._logs if self._topics[tp.topic]["config"].compact)
         return self.cleaner.clean_now(tps, force=force, now_ms=now_ms)
 
     def write_checkpoints(self) -> None:
@@ -442,14 +459,17 @@ class LogStore(TopicAdmin, ScheduledTasks):
         producer snapshots recovery no longer needs (see
         :meth:`PartitionLog.delete_old_snapshots`)."""
         self._check_writable()
-        logs = dict(self._logs)
+        # Logs not loaded yet keep the offsets the open read.
+        logs, recovery, starts = self._logs.checkpoint_offsets()
+        recovery.update((tp, lg.recovery_point) for tp, lg in logs.items())
+        starts.update((tp, lg.log_start_offset) for tp, lg in logs.items())
         # Both files share one directory fsync. A crash can leave one old and one new, as it
         # could when they were written one after the other.
         write_atomic_many({
-            os.path.join(self.path, RECOVERY_POINT_CHECKPOINT): OffsetCheckpointFile.text(
-                {tp: lg.recovery_point for tp, lg in logs.items()}),
-            os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT): OffsetCheckpointFile.text(
-                {tp: lg.log_start_offset for tp, lg in logs.items()})})
+            os.path.join(self.path, RECOVERY_POINT_CHECKPOINT):
+                OffsetCheckpointFile.text(recovery),
+            os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT):
+                OffsetCheckpointFile.text(starts)})
         for lg in logs.values():  # recovery now starts at these points
             lg.delete_old_snapshots()
 
@@ -494,11 +514,13 @@ class LogStore(TopicAdmin, ScheduledTasks):
         self.cleaner.shutdown()
         self.cleaner.release_memory()
         with self._lock:
+            self._logs.freeze()   # the logs not loaded yet stay as the last close left them
+            loaded = self._logs.loaded()
             if not self.readonly:
                 failures = []
                 try:
                     closed = run_jobs(self.config.num_recovery_threads_per_data_dir,
-                                      [lg.close for lg in self._logs.values()])
+                                      [lg.close for lg in loaded.values()])
                     failures = [e for _, e in closed if e is not None]
                     for e in failures:
                         if not isinstance(e, KafkaStorageError):
@@ -507,7 +529,7 @@ class LogStore(TopicAdmin, ScheduledTasks):
                     self.write_checkpoints()
                     # An offline log's files may disagree with its recovery point: the next
                     # open must recover, as after a crash.
-                    if not any(lg.offline for lg in self._logs.values()):
+                    if not any(lg.offline for lg in loaded.values()):
                         create_marker(os.path.join(self.path, CLEAN_SHUTDOWN_FILE))
                 finally:
                     # Whatever failed, the store must not stay locked until the process exits;
@@ -517,7 +539,7 @@ class LogStore(TopicAdmin, ScheduledTasks):
                 if failures:
                     raise failures[0]
             else:
-                for lg in self._logs.values():
+                for lg in loaded.values():
                     lg.close()
             self._closed = True
 

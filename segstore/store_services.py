@@ -29,7 +29,7 @@ class ScheduledTasks:
         if self.readonly or self._closed:
             return
         now = now_argument(now_ms, self.clock)
-        for lg in list(self._logs.values()):
+        for lg in self._logs.loaded().values():   # the others have nothing unflushed
             try:
                 lg.maybe_flush(now)
             except KafkaStorageError:  # offline now; the other logs are still flushed
@@ -45,7 +45,8 @@ class ScheduledTasks:
             self.enforce_retention(now_ms=now, include_compacted=not self.cleaner.running)
         if now >= self._next_expiration_ms:
             self._next_expiration_ms = now + self.config.producer_id_expiration_check_interval_ms
-            for lg in list(self._logs.values()):
+            # A log not loaded yet expires its producers when it loads.
+            for lg in self._logs.loaded().values():
                 lg.remove_expired_producers(now)
         self._deletes.delete_due(now)
 

@@ -38,7 +38,7 @@ class TopicAdmin:
             try:
                 for p in range(num_partitions):
                     tp = TopicPartition(name, p)
-                    self._logs[tp] = self._open_log(tp, cfg, 0, 0, True)
+                    self._logs.add(tp, self._open_log(tp, cfg, 0, 0, True))
                     created.append(tp)
                 mark_partitions(self.path, name, range(num_partitions))
                 fsync_dir(self.path)
@@ -108,5 +108,8 @@ class TopicAdmin:
             mark_partitions(self.path, name, hosted_partitions(meta))  # a Kafka log dir's topic
             meta["config"] = cfg
             for p in hosted_partitions(meta):
-                self._logs[TopicPartition(name, p)].config = cfg
+                # A log not loaded yet takes the topic's config when it loads.
+                lg = self._logs.get_loaded(TopicPartition(name, p))
+                if lg is not None:
+                    lg.config = cfg
             return cfg

@@ -72,8 +72,7 @@ def test_appends_after_a_clean_open_fill_the_index_before_rolling(tmp_path, firs
         assert lg.read(5 + 100, max_records=1)[0].value == b"x100"
 
 
-def test_a_clean_open_lists_each_partition_once_and_walks_no_batch_headers(tmp_path,
-                                                                           monkeypatch):
+def test_a_clean_open_loads_a_log_at_its_first_use_with_one_listing(tmp_path, monkeypatch):
     path = _store(tmp_path, parts=4)
     listed, walked = [], []
     real_listdir = os.listdir
@@ -90,16 +89,20 @@ def test_a_clean_open_lists_each_partition_once_and_walks_no_batch_headers(tmp_p
     monkeypatch.setattr(os, "listdir", listdir)
     monkeypatch.setattr(segment_mod.LogSegment, "read_batch_headers", read_batch_headers)
     s = segstore.open(path, CONFIG, clock=FakeClock())
-    monkeypatch.undo()
     try:
-        # One listing serves the segments and the producer snapshots.
-        assert {f"t-{p}": listed.count(f"t-{p}") for p in range(4)} == \
-            {f"t-{p}": 1 for p in range(4)}
-        assert walked == []   # the close's snapshot is at the log end: nothing to replay
+        assert not [d for d in listed if d.startswith("t-")]   # no log loaded by the open
         lg = s.partition("t", 2)
-        assert lg.log_end_offset == 5
-        assert lg.producer_state.map_end_offset == 5
+        # One listing serves the segments and the producer snapshots; the close's snapshot
+        # is at the log end, so no batch header is replayed.
+        assert [d for d in listed if d.startswith("t-")] == ["t-2"]
+        assert walked == []
+        assert lg.log_end_offset == 5 and lg.producer_state.map_end_offset == 5
+        assert s.partition("t", 2) is lg
+        assert s.end_offsets([segstore.TopicPartition("t", 0)]) == \
+            {segstore.TopicPartition("t", 0): 5}
+        assert sorted(d for d in listed if d.startswith("t-")) == ["t-0", "t-2"]
     finally:
+        monkeypatch.undo()
         s.close()
 
 
