@@ -277,10 +277,10 @@ _STORE_KEYS = [ConfigKey(*row[:4], None, row[4], "store", *row[5:]) for row in [
      "Period of removing expired producer ids from every partition's producer state, in "
      "LogStore.tick() (which start_services() runs in the background)."),
     ("num.recovery.threads.per.data.dir", "int", 1, _MIN1,
-     "Threads that open (recovering where needed) a writable store's logs, and flush and close "
-     "them when it closes, as Kafka's per-log-dir pool does (a store is one log dir). The "
-     "work is file I/O and CRC checks that run outside the GIL, so a few threads overlap "
-     "them."),
+     "Threads that open and recover a writable store's logs after an unclean shutdown (after a "
+     "clean one each log loads at its first use), and flush and close them when it closes, as "
+     "Kafka's per-log-dir pool does (a store is one log dir). The work is file I/O and CRC "
+     "checks that run outside the GIL, so a few threads overlap them."),
     ("log.roll.ms", "long", None, _MIN1, "Default segment.ms; wins over log.roll.hours.",
      "segment.ms"),
     ("log.roll.hours", "int", 168, _MIN1, "Default segment.ms in hours.", "segment.ms"),
