@@ -65,15 +65,21 @@ class LogMap(abc.Mapping):
         with self._lock:
             return len(self._loaded) + len(self._deferred)
 
-    def items(self) -> list:
+    def items(self, on_error: Optional[Callable] = None) -> list:
         """``(tp, log)`` of every partition, loading those not loaded yet (a snapshot: a
-        partition removed meanwhile is left out)."""
+        partition removed meanwhile is left out). With ``on_error(tp, exc)``, a log whose load
+        fails is reported to it and left out: one log that cannot load must not stop a pass
+        over the others (retention, the cleaner's choice); it is tried again next time."""
         out = []
         for tp in list(self):
             try:
                 out.append((tp, self[tp]))
             except KeyError:
                 continue
+            except Exception as e:
+                if on_error is None or isinstance(e, StoreClosedError):
+                    raise
+                on_error(tp, e)
         return out
 
     def values(self) -> list:

@@ -380,8 +380,12 @@ class LogStore(TopicAdmin, ScheduledTasks):
             self._check_writable()
         now = now_argument(now_ms, self.clock)
         report = RetentionReport(now_ms=now, dry_run=dry_run)
+        def unloadable(tp, e):
+            log.error("retention of %s-%d: its log cannot be loaded: %s", tp.topic,
+                      tp.partition, e)
+            report.errors[tp] = f"{type(e).__name__}: {e}"
         with self._lock:
-            logs = list(self._logs.items())
+            logs = self._logs.items(on_error=unloadable)
         for tp, lg in logs:
             if not include_compacted and lg.config.compact:
                 continue

@@ -142,8 +142,8 @@ class LogToClean:
 class LogCleanerManager:
     """Cleanable ranges, dirty ratios, selection, states and checkpoints for one store.
 
-    ``logs`` returns the store's ``{TopicPartition: PartitionLog}``; ``path`` is the store
-    root, where ``cleaner-offset-checkpoint`` lives (Kafka keeps one per log directory).
+    ``logs`` returns the store's LogMap (``{TopicPartition: PartitionLog}``); ``path`` is the
+    store root, where ``cleaner-offset-checkpoint`` lives (Kafka keeps one per log directory).
     """
 
     def __init__(self, path: str, logs: Callable[[], dict], clock: Callable[[], int]):
@@ -188,6 +188,14 @@ class LogCleanerManager:
             cp = self.all_cleaner_checkpoints().get(TopicPartition(*tp))
             if cp is not None and cp > offset:
                 self.update_checkpoints(update=(tp, offset))
+
+    def _each_log(self) -> list:
+        """``(tp, log)`` of every partition; one whose load fails (out of descriptors, an I/O
+        error) sits this pass out rather than stopping it for the others."""
+        def unloadable(tp, e):
+            log.warning("leaving %s-%d out of this cleaner pass: its log cannot be loaded: %s",
+                        tp.topic, tp.partition, e)
+        return self._logs().items(on_error=unloadable)
 
     # -- ranges and ratios ------------------------------------------------------------------
     def cleanable_offsets(self, lg, checkpoint: Optional[int], now: int) -> tuple:
@@ -264,7 +272,7 @@ class LogCleanerManager:
             cps = self.all_cleaner_checkpoints()
             pre = PreCleanStats()
             candidates = []
-            for tp, lg in self._logs().items():
+            for tp, lg in self._each_log():
                 if (not lg.config.compact or tp in self._states or tp in self.uncleanable
                         or lg.closed or lg.offline):
                     continue
@@ -344,7 +352,7 @@ class LogCleanerManager:
         retention pass (Kafka's deletableLogs); hand them back with ``done_deleting``."""
         with self._lock:
             out = []
-            for tp, lg in self._logs().items():
+            for tp, lg in self._each_log():
                 if (lg.config.compact and tp not in self._states and tp not in self.uncleanable
                         and not lg.offline):
                     self._states[tp] = IN_PROGRESS

@@ -1,0 +1,59 @@
+"""Logs loaded at their first use (segstore/log_map.py): what a load that fails, or one that
+runs while another thread changes the store, must not break for the other logs."""
+
+from __future__ import annotations
+
+import os
+
+import segstore
+from segstore import log as log_mod
+from segstore.records import TopicPartition as TP
+
+from conftest import FakeClock
+
+
+def _store(tmp_path, parts=3, topic_config=None, clock=None):
+    path = str(tmp_path / "s")
+    with segstore.open(path, clock=clock or FakeClock()) as s:
+        s.create_topic("t", parts, topic_config)
+        for p in range(parts):
+            for i in range(10):
+                s.partition("t", p).append(b"v%d-%d" % (p, i), key=b"k%d" % (i % 2))
+    return path
+
+
+def _failing_load(monkeypatch, names):
+    """PartitionLogs of the directories in ``names`` fail to load (an I/O error); returns the
+    directories of those loaded."""
+    made = []
+    real = log_mod.PartitionLog.__init__
+
+    def init(self, directory, *args, **kwargs):
+        if os.path.basename(directory) in names:
+            raise OSError(5, "Input/output error")
+        made.append(os.path.basename(directory))
+        real(self, directory, *args, **kwargs)
+
+    monkeypatch.setattr(log_mod.PartitionLog, "__init__", init)
+    return made
+
+
+def test_retention_goes_on_past_a_log_that_fails_to_load(tmp_path, monkeypatch):
+    clock = FakeClock()
+    path = _store(tmp_path, topic_config={"segment.bytes": 200}, clock=clock)
+    _failing_load(monkeypatch, {"t-1"})
+    with segstore.open(path, {"log.retention.bytes": 0}, clock=clock) as s:
+        report = s.enforce_retention()
+        assert "Input/output error" in report.errors[TP("t", 1)]
+        assert sorted(report.partitions) == [TP("t", 0), TP("t", 2)]
+        assert [s.partition("t", p).log_start_offset for p in (0, 2)] == [10, 10]
+
+
+def test_the_cleaner_goes_on_past_a_log_that_fails_to_load(tmp_path, monkeypatch):
+    clock = FakeClock()
+    path = _store(tmp_path, topic_config={"cleanup.policy": "compact", "segment.bytes": 200},
+                  clock=clock)
+    _failing_load(monkeypatch, {"t-0"})
+    with segstore.open(path, clock=clock) as s:
+        assert s.cleaner.try_clean_filthiest_log(0)
+        assert s.cleaner_manager.deletable_logs()   # the compacted logs' retention pass
