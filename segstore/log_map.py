@@ -120,8 +120,10 @@ class LogMap(abc.Mapping):
             return dict(self._loaded)
 
     def get_loaded(self, tp) -> Optional[object]:
-        """The partition's log if it is loaded, else None."""
-        return self._loaded.get(tp)
+        """The partition's log if it is loaded, else None. A load in progress is waited for:
+        a caller that changed what the load reads (the topic's config) then sees the log."""
+        with self._lock:
+            return self._loaded.get(tp)
 
     def checkpoint_offsets(self) -> tuple[dict, dict, dict]:
         """``(loaded logs, recovery points, log start offsets)``, taken together so that a

@@ -195,6 +195,8 @@ class LogStore(TopicAdmin, ScheduledTasks):
         # Run by LogMap at the log's first lookup, with the topic's config as it is now.
         lg = self._open_log(tp, self._topics[tp.topic]["config"], recovery_point, log_start,
                             True)
+        # alter_topic_config may have run meanwhile and found no loaded log to update.
+        lg.config = self._topics[tp.topic]["config"]
         self._mark_partition(lg)
         return lg
 

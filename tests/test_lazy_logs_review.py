@@ -57,3 +57,18 @@ def test_the_cleaner_goes_on_past_a_log_that_fails_to_load(tmp_path, monkeypatch
     with segstore.open(path, clock=clock) as s:
         assert s.cleaner.try_clean_filthiest_log(0)
         assert s.cleaner_manager.deletable_logs()   # the compacted logs' retention pass
+
+
+def test_a_config_change_while_a_log_loads_reaches_it(tmp_path, monkeypatch):
+    path = _store(tmp_path)
+    real = log_mod.PartitionLog.__init__
+    with segstore.open(path, clock=FakeClock()) as s:
+        def init(self, directory, *args, **kwargs):
+            real(self, directory, *args, **kwargs)
+            # Another thread's alter_topic_config, between the load's read of the topic's
+            # config and the log's entry in the map.
+            if directory.endswith("t-2"):
+                s.alter_topic_config("t", {"cleanup.policy": "compact"})
+
+        monkeypatch.setattr(log_mod.PartitionLog, "__init__", init)
+        assert s.partition("t", 2).config.compact
