@@ -55,7 +55,9 @@ class LogMap(abc.Mapping):
             return lg
 
     def __contains__(self, tp) -> bool:
-        return tp in self._loaded or tp in self._deferred
+        # Deferred first: a load enters the log in _loaded before it leaves _deferred, so a
+        # load finishing between the two lookups cannot make an existing partition look gone.
+        return tp in self._deferred or tp in self._loaded
 
     def __iter__(self):
         with self._lock:

@@ -7,6 +7,7 @@ import os
 
 import segstore
 from segstore import log as log_mod
+from segstore.log_map import LogMap
 from segstore.records import TopicPartition as TP
 
 from conftest import FakeClock
@@ -72,3 +73,19 @@ def test_a_config_change_while_a_log_loads_reaches_it(tmp_path, monkeypatch):
 
         monkeypatch.setattr(log_mod.PartitionLog, "__init__", init)
         assert s.partition("t", 2).config.compact
+
+
+def test_a_log_loading_meanwhile_is_never_missing_from_the_map():
+    m = LogMap("/nowhere")
+    tp = TP("t", 0)
+    m.defer(tp, lambda: "log", 0, 0)
+
+    class Loaded(dict):
+        def __contains__(self, key):
+            found = dict.__contains__(self, key)
+            if key == tp and tp in m._deferred:
+                m[tp]   # another thread's first lookup, between the two dict lookups
+            return found
+
+    m._loaded = Loaded()
+    assert tp in m
