@@ -103,11 +103,13 @@ class LogMap(abc.Mapping):
             self._deferred[tp] = (load, recovery_point, log_start_offset)
 
     def pop(self, tp):
-        """Remove a partition and return its log (loaded first if it was not)."""
+        """Remove a partition and return its log, or None if it was never loaded (a topic's
+        deletion then has nothing of it to close, and need not load it: a log that cannot
+        load must not stop the deletion halfway). KeyError for an unknown partition."""
         with self._lock:
-            lg = self[tp]
-            del self._loaded[tp]
-            return lg
+            if self._deferred.pop(tp, None) is not None:
+                return None
+            return self._loaded.pop(tp)
 
     def freeze(self) -> None:
         """The store is closing: no log is loaded from now on (a lookup of one not loaded

@@ -78,13 +78,15 @@ class TopicAdmin:
                 tp = TopicPartition(name, p)
                 if not self.readonly:  # stop a round in progress before the files go
                     self.cleaner.manager.abort_and_pause_cleaning(tp)
-                lg = self._logs.pop(tp)
-                lg.close()
-                self._deletes.forget(lg.directory)
+                lg = self._logs.pop(tp)   # None: never loaded, nothing to close
+                if lg is not None:
+                    lg.close()
+                directory = os.path.join(self.path, f"{name}-{p}")
+                self._deletes.forget(directory)
                 # Kafka's <topic>-<p>.<uuid>-delete, the topic cut so the name fits 255 bytes.
                 suffix = f"-{p}.{uuid.uuid4().hex}-delete"
                 gone = os.path.join(self.path, name[:255 - len(suffix)] + suffix)
-                os.replace(lg.directory, gone)
+                os.replace(directory, gone)
                 shutil.rmtree(gone, ignore_errors=True)
                 self.cleaner.manager.remove_partition(tp)
             remove_topic_meta(self.path, name)  # none for a topic found in a Kafka log dir

@@ -89,3 +89,13 @@ def test_a_log_loading_meanwhile_is_never_missing_from_the_map():
 
     m._loaded = Loaded()
     assert tp in m
+
+
+def test_deleting_a_topic_loads_none_of_its_logs(tmp_path, monkeypatch):
+    path = _store(tmp_path)
+    made = _failing_load(monkeypatch, {"t-1"})
+    with segstore.open(path, clock=FakeClock()) as s:
+        s.delete_topic("t")
+        assert s.list_topics() == [] and s.cleaner_manager.state(TP("t", 1)) is None
+    assert made == []
+    assert not [n for n in os.listdir(path) if n.startswith("t-")]
