@@ -155,6 +155,22 @@ class LogStore(TopicAdmin, ScheduledTasks):
         except OSError as e:  # only a safeguard: not worth refusing the open for
             log.warning("cannot mark the partition directory %s: %s", lg.directory, e)
 
+    def _mark_topics(self) -> None:
+        # Logs not loaded yet have no listing to check their markers against, and an older
+        # store's topic whose logs no session loads would stay unmarked: a lost metadata file
+        # would then reopen it as a Kafka log dir's, with the default config. One stat per
+        # topic: a topic's partitions are marked together (create_topic, this, alter).
+        for name, meta in self._topics.items():
+            parts = hosted_partitions(meta)
+            if not parts or os.path.exists(os.path.join(
+                    self.path, f"{name}-{parts[0]}", PARTITION_MARKER)) or \
+                    not os.path.exists(meta_path(self.path, name)):
+                continue
+            try:
+                mark_partitions(self.path, name, parts)
+            except OSError as e:  # only a safeguard: not worth refusing the open for
+                log.warning("cannot mark the partition directories of topic %r: %s", name, e)
+
     def _load(self, clean_shutdown: bool, reuse: Optional[dict] = None,
               topics: Optional[dict] = None) -> None:
         topics = self._discover() if topics is None else topics
@@ -176,6 +192,7 @@ class LogStore(TopicAdmin, ScheduledTasks):
             for tp, _ in todo:
                 rp, start = recovery.get(tp, 0), starts.get(tp, 0)
                 self._logs.defer(tp, partial(self._load_deferred, tp, rp, start), rp, start)
+            self._mark_topics()
             return
         # A read-only log lists nothing until used: only writable opens have work to share.
         threads = 1 if self.readonly else self.config.num_recovery_threads_per_data_dir

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 import segstore
 from segstore import log as log_mod
+from segstore.errors import CorruptMetadataError
 from segstore.log_map import LogMap
 from segstore.records import TopicPartition as TP
+from segstore.topic import PARTITION_MARKER, meta_path
 
 from conftest import FakeClock
 
@@ -99,3 +103,16 @@ def test_deleting_a_topic_loads_none_of_its_logs(tmp_path, monkeypatch):
         assert s.list_topics() == [] and s.cleaner_manager.state(TP("t", 1)) is None
     assert made == []
     assert not [n for n in os.listdir(path) if n.startswith("t-")]
+
+
+def test_a_clean_writable_open_marks_an_older_store_whose_logs_it_never_loads(tmp_path):
+    path = _store(tmp_path, parts=2)
+    for p in range(2):   # written before the markers existed
+        os.unlink(os.path.join(path, f"t-{p}", PARTITION_MARKER))
+    segstore.open(path, clock=FakeClock()).close()   # no log looked up
+    assert all(os.path.exists(os.path.join(path, f"t-{p}", PARTITION_MARKER))
+               for p in range(2))
+    # So the loss of the metadata file is noticed, not taken for a Kafka log dir's topic.
+    os.unlink(meta_path(path, "t"))
+    with pytest.raises(CorruptMetadataError, match="topic metadata missing"):
+        segstore.open(path, clock=FakeClock())
