@@ -38,8 +38,8 @@ from .topic import (PARTITION_MARKER, damaged_topic_error, discover_topics, host
                     mark_partitions, meta_path, topic_meta_dir, topic_partitions,
                     writable_open_error)
 from .cleaner import LogCleaner
-from .retention import RetentionReport, enforce as _enforce_retention
 from .segment_delete_queue import SegmentDeleteQueue
+from .store_retention import RetentionPasses
 from .store_services import ScheduledTasks
 from .store_topics import TopicAdmin
 
@@ -54,7 +54,7 @@ def _system_clock() -> int:
     return int(time.time() * 1000)
 
 
-class LogStore(TopicAdmin, ScheduledTasks):
+class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
     """Topics and partitions under one root directory. Use :func:`segstore.open`."""
 
     def __init__(self, path: str, config: Optional[Mapping] = None,
@@ -376,65 +376,6 @@ class LogStore(TopicAdmin, ScheduledTasks):
         # The keys checked as pairs first (TopicPartition(*key) raised TypeError for others).
         return {tp: self.partition(*tp).offset_for_time(ts)
                 for tp, ts in zip(topic_partitions(timestamps.keys()), timestamps.values())}
-
-    def enforce_retention(self, now_ms: Optional[int] = None, dry_run: bool = False, *,
-                          include_compacted: bool = True) -> RetentionReport:
-        """Delete old segments by ``retention.ms``, ``retention.bytes`` and the log start offset
-        (REF §5), in every partition; returns what went, per partition.
-
-        The rules follow each topic's ``cleanup.policy`` as it is now (so altered configs apply
-        at the next pass): ``delete`` and ``compact,delete`` apply all three, ``compact`` and the
-        empty policy only the log-start-offset rule. Deleted segments are renamed ``.deleted``
-        and removed ``file.delete.delay.ms`` later by :meth:`tick` (or at close). ``now_ms``
-        defaults to the store clock; ``dry_run=True`` changes nothing (read-only stores allow
-        it).
-
-        Kafka runs retention of compacted logs from its cleaner threads, after each cleaning
-        attempt; so does segstore when its cleaner threads run (:meth:`tick` then passes
-        ``include_compacted=False``). Without them, this pass covers compacted logs too.
-        """
-        if dry_run:
-            self._check_open()
-        else:
-            self._check_writable()
-        now = now_argument(now_ms, self.clock)
-        report = RetentionReport(now_ms=now, dry_run=dry_run)
-        def unloadable(tp, e):
-            log.error("retention of %s-%d: its log cannot be loaded: %s", tp.topic,
-                      tp.partition, e)
-            report.errors[tp] = f"{type(e).__name__}: {e}"
-        with self._lock:
-            logs = self._logs.items(on_error=unloadable)
-        for tp, lg in logs:
-            if not include_compacted and lg.config.compact:
-                continue
-            if lg.offline and not dry_run:  # said once when it went offline, not every pass
-                report.errors[tp] = f"KafkaStorageError: log {tp.topic}-{tp.partition} is offline"
-                continue
-            try:
-                # The store's lock before the log's, the order delete_topic and close take them:
-                # deleting segments schedules them on the store's queue (the store's lock) while
-                # holding the log's lock. Appends and reads take neither.
-                with self._lock:
-                    if lg.closed:
-                        continue  # its topic was deleted during the pass
-                    report.partitions[tp] = _enforce_retention(lg, now, dry_run=dry_run)
-            except Exception as e:  # one failing partition must not stop the others
-                log.exception("retention of %s-%d failed", tp.topic, tp.partition)
-                report.errors[tp] = f"{type(e).__name__}: {e}"
-        return report
-
-    def _retain_compacted(self, logs, now: Optional[int]) -> None:
-        # Called by cleaner threads with logs the manager marked in progress.
-        now = self.clock() if now is None else now
-        for lg in logs:
-            with self._lock:
-                if lg.closed:
-                    continue
-                try:
-                    _enforce_retention(lg, now)
-                except Exception:
-                    log.exception("retention of %s-%d failed", lg.topic, lg.partition)
 
     # -- compaction -------------------------------------------------------------------------
     @property

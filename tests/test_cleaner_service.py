@@ -21,7 +21,7 @@ import traceback
 import pytest
 
 import segstore
-import segstore.store as store_module
+import segstore.store_retention as store_retention
 from conftest import FakeClock
 from segstore import TopicPartition
 from segstore.cleaner import CleanerStats, PreCleanStats, Throttler
@@ -856,12 +856,12 @@ def test_retention_of_compacted_logs_runs_from_the_cleaner_threads(stores, monke
         fill(lg, 3)
     s.cleaner_manager.mark_uncleanable(TopicPartition("cd", 1), "boom")
     calls = []
-    real = store_module._enforce_retention
+    real = store_retention._enforce_retention
 
     def spy(lg, now, **kw):
         calls.append((lg.topic, lg.partition, threading.current_thread().name))
         return real(lg, now, **kw)
-    monkeypatch.setattr(store_module, "_enforce_retention", spy)
+    monkeypatch.setattr(store_retention, "_enforce_retention", spy)
     clock.advance(60_000)              # every record is past retention.ms: all segments go
     s.start_services()
     wait_until(lambda: s.partition("cd", 0).log_start_offset == 33
@@ -873,3 +873,43 @@ def test_retention_of_compacted_logs_runs_from_the_cleaner_threads(stores, monke
     # A quarantined compacted partition gets no retention from anyone.
     assert not [c for c in calls if c[:2] == ("cd", 1)]
     assert s.partition("cd", 1).log_start_offset == 0
+
+
+def test_deleting_a_topic_during_a_compacted_retention_pass_does_not_wait_for_it(tmp_path,
+                                                                                 monkeypatch):
+    """A cleaner thread's retention pass over compacted logs marks them in progress, then
+    takes the store's lock for each; delete_topic holds that lock while it waits for its logs
+    to leave the in-progress state. The pass must give them back, not wait for the lock
+    (both waited until the abort's timeout, then delete_topic raised TimeoutError)."""
+    from segstore.cleaner.manager import LogCleanerManager
+    clock = FakeClock()
+    store = segstore.open(str(tmp_path / "s"), clock=clock)
+    try:
+        store.create_topic("t", 1, {"cleanup.policy": "compact"})
+        store.partition("t", 0).append_batch([b"v"], keys=[b"k"])
+        entered, main_holds_lock = threading.Event(), threading.Event()
+        real_retention = store.cleaner._retention
+        real_abort = LogCleanerManager.abort_and_pause_cleaning
+
+        def retention(logs, now):
+            entered.set()
+            assert main_holds_lock.wait(10)
+            real_retention(logs, now)
+
+        def abort(self, tp, timeout_s=60.0):
+            main_holds_lock.set()
+            real_abort(self, tp, timeout_s=5.0)   # the old deadlock ends here, not in 60 s
+
+        monkeypatch.setattr(store.cleaner, "_retention", retention)
+        monkeypatch.setattr(LogCleanerManager, "abort_and_pause_cleaning", abort)
+        pass_thread = threading.Thread(target=store.cleaner.run_compacted_retention,
+                                       args=(clock.now,))
+        pass_thread.start()
+        assert entered.wait(10)
+        store.delete_topic("t")
+        pass_thread.join(10)
+        assert not pass_thread.is_alive()
+        assert store.list_topics() == []
+        assert store.cleaner.manager.all_cleaner_checkpoints() == {}
+    finally:
+        store.close()

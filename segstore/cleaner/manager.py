@@ -388,6 +388,11 @@ class LogCleanerManager:
                 self._states[tp] = (PAUSED, 1)
             self._lock.notify_all()
 
+    def any_aborted(self, tps) -> bool:
+        """Whether someone asked to pause one of ``tps`` (abort_and_pause_cleaning) and waits."""
+        with self._lock:
+            return any(self._states.get(tp) == ABORTED for tp in tps)
+
     def done_deleting(self, tps) -> None:
         """End a retention pass over compacted logs (see deletable_logs)."""
         with self._lock:
