@@ -25,8 +25,10 @@ from .errors import StoreClosedError
 class LogMap(abc.Mapping):
     """``{TopicPartition: PartitionLog}`` whose entries may be loaded on first lookup."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, compacted: Optional[Callable[[str], bool]] = None):
         self._path = path
+        # Whether a topic's cleanup.policy has compact (the cleaner's passes load only those).
+        self._compacted = compacted or (lambda topic: True)
         self._loaded: dict = {}
         # tp -> (load(), recovery point, log start offset) of logs not loaded yet.
         self._deferred: dict = {}
@@ -67,13 +69,17 @@ class LogMap(abc.Mapping):
         with self._lock:
             return len(self._loaded) + len(self._deferred)
 
-    def items(self, on_error: Optional[Callable] = None) -> list:
+    def items(self, on_error: Optional[Callable] = None, compacted_only: bool = False) -> list:
         """``(tp, log)`` of every partition, loading those not loaded yet (a snapshot: a
         partition removed meanwhile is left out). With ``on_error(tp, exc)``, a log whose load
         fails is reported to it and left out: one log that cannot load must not stop a pass
-        over the others (retention, the cleaner's choice); it is tried again next time."""
+        over the others (retention, the cleaner's choice); it is tried again next time.
+        ``compacted_only`` loads no log of a topic without ``compact`` (loaded ones are listed
+        all the same: the caller checks their config)."""
         out = []
         for tp in list(self):
+            if compacted_only and tp not in self._loaded and not self._compacted(tp.topic):
+                continue
             try:
                 out.append((tp, self[tp]))
             except KeyError:

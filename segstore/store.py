@@ -75,7 +75,8 @@ class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
         self._closed = False
         self._file_lock = FileLock(self.path)
         self._topics: dict[str, dict] = {}        # name -> {"partitions": n, "config": TopicConfig}
-        self._logs = LogMap(self.path)   # writable logs load at first use after a clean close
+        # Writable logs load at first use after a clean close.
+        self._logs = LogMap(self.path, self._compacted_topic)
         self._damaged: dict = {}  # name -> CorruptMetadataError, see _discover
         self._deletes = SegmentDeleteQueue(self.clock)  # ``.deleted`` segments awaiting removal
         self._round_robin = itertools.count()
@@ -189,11 +190,18 @@ class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
             # Nothing to recover, and the lock keeps other writers out: each log loads at its
             # first use (log_map.py), so a commit to a few partitions of a large store does
             # not load them all.
-            for tp, _ in todo:
-                rp, start = recovery.get(tp, 0), starts.get(tp, 0)
+            # A log the recovery-point checkpoint lacks (the file was unreadable, say) loads
+            # now: its load sets its recovery point to its log end, which checkpoints then
+            # record; deferred, they would write 0, and a later crash would recover it whole.
+            eager = []
+            for tp, cfg in todo:
+                if tp not in recovery:
+                    eager.append((tp, cfg))
+                    continue
+                rp, start = recovery[tp], starts.get(tp, 0)
                 self._logs.defer(tp, partial(self._load_deferred, tp, rp, start), rp, start)
             self._mark_topics()
-            return
+            todo = eager
         # A read-only log lists nothing until used: only writable opens have work to share.
         threads = 1 if self.readonly else self.config.num_recovery_threads_per_data_dir
         opened = run_jobs(threads, [
@@ -206,6 +214,10 @@ class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
                 self._logs.add(tp, lg)
                 if not self.readonly:
                     self._mark_partition(lg)
+
+    def _compacted_topic(self, name: str) -> bool:
+        meta = self._topics.get(name)
+        return meta is not None and meta["config"].compact
 
     def _load_deferred(self, tp: TopicPartition, recovery_point: int,
                        log_start: int) -> PartitionLog:
@@ -259,7 +271,7 @@ class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
         # Pick up topics created since; logs already handed out stay open and usable.
         with self._lock:
             old_logs = self._logs.loaded()   # read-only logs are all loaded by the open
-            self._topics, self._logs = {}, LogMap(self.path)
+            self._topics, self._logs = {}, LogMap(self.path, self._compacted_topic)
             self._load(clean_shutdown=True, reuse=old_logs)
             for tp, lg in old_logs.items():
                 if self._logs.get(tp) is not lg:
@@ -415,7 +427,7 @@ class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
                     raise UnknownTopicOrPartitionError(f"no partition {tp.topic}-{tp.partition}")
         else:
             # By the topics' configs: a log not loaded yet is loaded only if it is compacted.
-            tps = sorted(tp for tp in self._logs if self._topics[tp.topic]["config"].compact)
+            tps = sorted(tp for tp in self._logs if self._compacted_topic(tp.topic))
         return self.cleaner.clean_now(tps, force=force, now_ms=now_ms)
 
     def write_checkpoints(self) -> None:

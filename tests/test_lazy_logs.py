@@ -203,3 +203,31 @@ def test_the_map_loads_nothing_once_frozen():
     assert m.checkpoint_offsets() == ({TP("t", 1): "log"}, {TP("t", 0): 3}, {TP("t", 0): 1})
     with pytest.raises(KeyError):
         m[TP("t", 2)]
+
+
+def test_a_log_missing_from_the_recovery_checkpoint_loads_at_the_open(tmp_path, monkeypatch):
+    # Deferred, it would write recovery point 0 back, and a crash later in the session would
+    # recover the whole log; loaded, its recovery point is its log end, as before.
+    path = _store(tmp_path)
+    ck = os.path.join(path, RECOVERY_POINT_CHECKPOINT)
+    OffsetCheckpointFile(ck).write({tp: off for tp, off in OffsetCheckpointFile(ck).read().items()
+                                    if tp != TP("t", 2)})
+    made = _loads(monkeypatch)
+    with segstore.open(path, clock=FakeClock()):
+        assert made == ["t-2"]
+    assert _checkpoints(path)[0] == {TP("t", p): 10 for p in range(4)}
+
+
+def test_cleaner_threads_load_only_compacted_topics_logs(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    clock = FakeClock()
+    with segstore.open(path, clock=clock) as s:
+        s.create_topic("plain", 3)
+        s.create_topic("table", 2, {"cleanup.policy": "compact"})
+        for name in ("plain", "table"):
+            for p in s.partitions_for(name):
+                s.partition(name, p).append_batch([b"v"], keys=[b"k"])
+    made = _loads(monkeypatch)
+    with segstore.open(path, clock=clock) as s:
+        s.cleaner.try_clean_filthiest_log(0)   # a cleaner thread's pass (and its retention)
+        assert sorted(made) == ["table-0", "table-1"]

@@ -190,12 +190,13 @@ class LogCleanerManager:
                 self.update_checkpoints(update=(tp, offset))
 
     def _each_log(self) -> list:
-        """``(tp, log)`` of every partition; one whose load fails (out of descriptors, an I/O
-        error) sits this pass out rather than stopping it for the others."""
+        """``(tp, log)`` of every partition, loading only compacted topics' logs; one whose
+        load fails (out of descriptors, an I/O error) sits this pass out rather than stopping
+        it for the others."""
         def unloadable(tp, e):
             log.warning("leaving %s-%d out of this cleaner pass: its log cannot be loaded: %s",
                         tp.topic, tp.partition, e)
-        return self._logs().items(on_error=unloadable)
+        return self._logs().items(on_error=unloadable, compacted_only=True)
 
     # -- ranges and ratios ------------------------------------------------------------------
     def cleanable_offsets(self, lg, checkpoint: Optional[int], now: int) -> tuple:
