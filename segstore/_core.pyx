@@ -166,6 +166,20 @@ cdef object _byte_buffer(object obj, str name, bint writable=False):
     return obj if mv.format == "B" else mv.cast("B")
 
 
+cdef object _int_array(object obj, str name, object dtype, bint writable=False):
+    """``obj`` when it is a one-dimensional, contiguous numpy array of ``dtype`` (writable if
+    asked), else BufferTypeError naming ``name``. Cython's typed memoryviews raised bare
+    ValueError or TypeError, and took None as an empty array."""
+    if (not isinstance(obj, np.ndarray) or obj.dtype != dtype or obj.ndim != 1
+            or not obj.flags.c_contiguous or (writable and not obj.flags.writeable)):
+        what = (f"a {obj.dtype} array of shape {obj.shape}" if isinstance(obj, np.ndarray)
+                else type(obj).__name__)
+        raise BufferTypeError(f"{name} must be a one-dimensional, contiguous"
+                              f"{', writable' if writable else ''} numpy array of "
+                              f"{np.dtype(dtype).name}, not {what}")
+    return obj
+
+
 cdef inline int64_t _i64_arg(object v, str name, object exc) except? -1:
     """An int of 64 signed bits (the caller checks its range), OffsetTypeError otherwise.
     Entry points take their integers as objects and convert them here, once per call: a C

@@ -255,17 +255,17 @@ cdef class OffsetMap:
                   header_key=None):
         cdef int64_t nbytes = _i64_arg(memory, "memory", InvalidArgumentError)
         if strategy not in ("offset", "timestamp", "header"):
-            raise ValueError(f"unknown compaction strategy {strategy!r}")
+            raise InvalidArgumentError(f"unknown compaction strategy {strategy!r}")
         if not 0.0 < load_factor <= 1.0:
-            raise ValueError(f"load factor {load_factor} is outside (0, 1]")
+            raise InvalidArgumentError(f"load factor {load_factor} is outside (0, 1]")
         self.m.strategy = {"offset": STRATEGY_OFFSET, "timestamp": STRATEGY_TIMESTAMP,
                            "header": STRATEGY_HEADER}[strategy]
         self.m.words = 3 if self.m.strategy == STRATEGY_OFFSET else 4
         self.m.slots = nbytes // (self.m.words * 8)
         self.m.table = min(self.m.slots, INITIAL_TABLE)
         if self.m.slots < 1:
-            raise ValueError(f"an offset map of {nbytes} bytes has no slot "
-                             f"({self.m.words * 8} bytes each)")
+            raise InvalidArgumentError(f"an offset map of {nbytes} bytes has no slot "
+                                       f"({self.m.words * 8} bytes each)")
         if strategy == "header":
             self._header_key = (b"" if header_key is None
                                 else header_key.encode() if isinstance(header_key, str)
@@ -378,9 +378,10 @@ cdef class OffsetMap:
 
     cdef _check_merge(self, OffsetMap later):
         if self.m.strategy != STRATEGY_OFFSET or later.m.strategy != STRATEGY_OFFSET:
-            raise ValueError("only offset-strategy maps merge (a strategy compares values)")
+            raise InvalidArgumentError(
+                "only offset-strategy maps merge (a strategy compares values)")
         if later is self:
-            raise ValueError("a map cannot merge into itself")
+            raise InvalidArgumentError("a map cannot merge into itself")
 
     def merge_lookup(self, later, start=0, stop=None, *,
                      bint drain=False) -> tuple:
@@ -397,8 +398,8 @@ cdef class OffsetMap:
         cdef int64_t lo = _i64_arg(start, "start", InvalidArgumentError)
         cdef int64_t end = _opt_i64(stop, lm.m.table, "stop")
         if not 0 <= lo <= end <= lm.m.table:
-            raise ValueError(f"slot range [{lo}, {end}) is outside the "
-                             f"{lm.m.table} slots of the merged map")
+            raise InvalidArgumentError(f"slot range [{lo}, {end}) is outside the "
+                                       f"{lm.m.table} slots of the merged map")
         rows = np.empty((min(end - lo, lm.m.entries), 4), dtype=np.int64)
         cdef int64_t[:, ::1] out = rows
         cdef int64_t found = 0, drained = 0
@@ -433,8 +434,8 @@ cdef class OffsetMap:
         self._clean_slots = 0
         for owner, source, layout, found, taken in lookups:
             if owner is not self or source is not lm:
-                raise ValueError("merge_insert takes what merge_lookup returned for the same "
-                                 "two maps")
+                raise InvalidArgumentError("merge_insert takes what merge_lookup returned for "
+                                           "the same two maps")
             drained += taken
             rows = np.ascontiguousarray(found, dtype=np.int64).reshape(-1, 4)
             if rows.shape[0] == 0:

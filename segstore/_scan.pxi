@@ -311,8 +311,8 @@ cdef int _pwrite_all(int fd, const uint8_t* p, size_t n, int64_t at) noexcept no
     return 0
 
 
-def write_base_offsets(fd, const int64_t[::1] positions, const int32_t[::1] sizes,
-                       const int64_t[::1] base_offsets, partition_leader_epoch=0, file=None):
+def write_base_offsets(fd, positions, sizes, base_offsets, partition_leader_epoch=0,
+                       file=None):
     """Rewrite the baseOffset and partitionLeaderEpoch of v2 batches in the file open on ``fd``,
     with one 16-byte pwrite per batch at ``positions[i]``: baseOffset, the batch's unchanged
     batchLength (``sizes[i] - 12``), the epoch. The CRC covers none of them.
@@ -323,26 +323,29 @@ def write_base_offsets(fd, const int64_t[::1] positions, const int32_t[::1] size
     the file (InvalidArgumentError, a ValueError, otherwise, before anything is written); a
     failed write raises OSError naming ``file``, with the batches before it rewritten.
     """
+    cdef const int64_t[::1] pos = _int_array(positions, "positions", np.int64)
+    cdef const int32_t[::1] size = _int_array(sizes, "sizes", np.int32)
+    cdef const int64_t[::1] base = _int_array(base_offsets, "base_offsets", np.int64)
     cdef int f = _i32_arg(fd, "fd", InvalidArgumentError)
     cdef int32_t epoch = _i32_arg(partition_leader_epoch, "partition_leader_epoch",
                                   InvalidArgumentError)
-    cdef Py_ssize_t n = positions.shape[0], i
-    if sizes.shape[0] != n or base_offsets.shape[0] != n:
+    cdef Py_ssize_t n = pos.shape[0], i
+    if size.shape[0] != n or base.shape[0] != n:
         raise InvalidArgumentError("positions, sizes and base_offsets must have the same length")
     cdef int64_t file_size = _os.fstat(f).st_size
     for i in range(n):
-        if (positions[i] < 0 or sizes[i] < V2_HEADER_C
-                or positions[i] > file_size - sizes[i]):
-            raise InvalidArgumentError(f"no whole v2 batch of {sizes[i]} bytes at position "
-                             f"{positions[i]} of {file or 'the file'} ({file_size} bytes)")
+        if (pos[i] < 0 or size[i] < V2_HEADER_C
+                or pos[i] > file_size - size[i]):
+            raise InvalidArgumentError(f"no whole v2 batch of {size[i]} bytes at position "
+                             f"{pos[i]} of {file or 'the file'} ({file_size} bytes)")
     cdef uint8_t head[16]
     cdef int err = 0
     with nogil:
         for i in range(n):
-            wr_i64(head, base_offsets[i])
-            wr_i32(head + 8, sizes[i] - LOG_OVERHEAD_C)
+            wr_i64(head, base[i])
+            wr_i32(head + 8, size[i] - LOG_OVERHEAD_C)
             wr_i32(head + 12, epoch)
-            err = _pwrite_all(f, head, 16, positions[i])
+            err = _pwrite_all(f, head, 16, pos[i])
             if err:
                 break
     if err:

@@ -26,17 +26,19 @@ cdef extern from *:
     void SEGSTORE_STORE_RELEASE(int64_t* p, int64_t v) noexcept nogil
 
 
-cdef int64_t* _flag(int64_t[::1] flags, Py_ssize_t index) except NULL:
-    if not 0 <= index < flags.shape[0]:
-        raise IndexError(f"flag {index} is outside the {flags.shape[0]} flags")
-    return &flags[index]
+cdef int64_t* _flag(object flags, object index) except NULL:
+    cdef int64_t[::1] view = _int_array(flags, "flags", np.int64, True)
+    cdef int64_t i = _i64_arg(index, "index", InvalidArgumentError)
+    if not 0 <= i < view.shape[0]:
+        raise InvalidArgumentError(f"flag {i} is outside the {view.shape[0]} flags")
+    return &view[i]   # the caller holds ``flags``, whose buffer outlives this view
 
 
-def spin_set(int64_t[::1] flags not None, index, value) -> None:
+def spin_set(flags, index, value) -> None:
     """Set ``flags[index]`` for a thread in :func:`spin_wait`, after (in memory order) every
     write this thread made before."""
     cdef int64_t v = _i64_arg(value, "value", InvalidArgumentError)
-    SEGSTORE_STORE_RELEASE(_flag(flags, _i64_arg(index, "index", InvalidArgumentError)), v)
+    SEGSTORE_STORE_RELEASE(_flag(flags, index), v)
 
 
 cdef inline int64_t _now_ns() noexcept nogil:
@@ -45,11 +47,11 @@ cdef inline int64_t _now_ns() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
-def spin_wait(int64_t[::1] flags not None, index, double seconds) -> int:
+def spin_wait(flags, index, double seconds) -> int:
     """Spin without the GIL until ``flags[index]`` is not 0, for at most ``seconds``; the
     value seen (0 when the time ran out). Another thread sets the flag with
     :func:`spin_set`."""
-    cdef const int64_t* p = _flag(flags, _i64_arg(index, "index", InvalidArgumentError))
+    cdef const int64_t* p = _flag(flags, index)
     cdef int64_t v = 0, deadline
     cdef int n
     with nogil:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from segstore import _core
-from segstore.errors import CorruptRecordError, InvalidArgumentError
+from segstore.errors import BufferTypeError, CorruptRecordError, InvalidArgumentError
 
 # Positions and sizes whose sums with small ints or each other wrap an int64.
 HUGE = [2**62, 2**63 - 1, 2**63 - 30]
@@ -507,3 +507,47 @@ def test_an_offset_map_argument_that_is_no_offset_map_is_an_argument_type_error(
     from segstore.errors import ArgumentTypeError
     with pytest.raises(ArgumentTypeError, match=r"(omap|later) must be an OffsetMap, not "):
         _MAP_ARGUMENTS[where](bad)
+
+
+_I64, _I32 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+_ARRAY_CALLS = {
+    "positions": lambda bad, tmp: _core.write_base_offsets(_fd(tmp), bad, _I32, _I64),
+    "sizes": lambda bad, tmp: _core.write_base_offsets(_fd(tmp), _I64, bad, _I64),
+    "base_offsets": lambda bad, tmp: _core.write_base_offsets(_fd(tmp), _I64, _I32, bad),
+    "flags": lambda bad, tmp: _core.spin_set(bad, 0, 1),
+}
+
+
+@pytest.mark.parametrize("bad", [None, [0, 0], np.zeros(2, dtype=np.float64),
+                                 np.zeros((2, 2), dtype=np.int64),
+                                 np.zeros(4, dtype=np.int64)[::2]],
+                         ids=["None", "list", "float64", "2-d", "strided"])
+@pytest.mark.parametrize("name", sorted(_ARRAY_CALLS))
+def test_an_int_array_argument_of_the_wrong_kind_is_a_buffer_type_error(name, bad, tmp_path):
+    # Typed memoryviews raised bare ValueError or TypeError, and took None as an empty array
+    # (write_base_offsets(fd, None, None, None) did nothing).
+    with pytest.raises(BufferTypeError, match=rf"{name} must be a one-dimensional"):
+        _ARRAY_CALLS[name](bad, tmp_path)
+
+
+def test_spin_flags_must_be_writable_and_the_index_inside_them():
+    flags = np.zeros(2, dtype=np.int64)
+    with pytest.raises(InvalidArgumentError, match="flag 2 is outside the 2 flags"):
+        _core.spin_set(flags, 2, 1)
+    with pytest.raises(InvalidArgumentError, match="flag -1 is outside"):
+        _core.spin_wait(flags, -1, 0.0)
+    flags.flags.writeable = False
+    with pytest.raises(BufferTypeError, match="flags must be a one-dimensional, contiguous, "
+                                              "writable"):
+        _core.spin_set(flags, 0, 1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _core.OffsetMap(1 << 16, strategy="newest"),
+    lambda: _core.OffsetMap(1 << 16, load_factor=1.5),
+    lambda: _core.OffsetMap(1),
+    lambda: _core.OffsetMap(1 << 16).merge_from(_core.OffsetMap(1 << 16, strategy="timestamp")),
+], ids=["strategy", "load_factor", "no_slot", "merge_strategy"])
+def test_offset_map_argument_values_are_invalid_argument_errors(make):
+    with pytest.raises(InvalidArgumentError):
+        make()
