@@ -231,14 +231,17 @@ class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
 
     def _open_log(self, tp: TopicPartition, config: TopicConfig, recovery_point: int,
                   log_start: int, clean: bool) -> PartitionLog:
-        lg = PartitionLog(os.path.join(self.path, f"{tp.topic}-{tp.partition}"), tp.topic,
-                          tp.partition, config, self.clock, readonly=self.readonly,
-                          recovery_point=recovery_point, log_start_offset=log_start,
+        lg = PartitionLog(self._partition_dir(tp), tp.topic, tp.partition, config, self.clock,
+                          readonly=self.readonly, recovery_point=recovery_point,
+                          log_start_offset=log_start,
                           had_clean_shutdown=clean, delete_later=self._deletes.schedule,
                           producer_id_expiration_ms=self.config.producer_id_expiration_ms)
         if not self.readonly:
             lg.truncation_listeners.append(self._on_truncated)
         return lg
+
+    def _partition_dir(self, tp: TopicPartition) -> str:
+        return os.path.join(self.path, f"{tp.topic}-{tp.partition}")
 
     def _on_truncated(self, tp: TopicPartition, offset: int) -> None:
         self.cleaner.manager.maybe_truncate_checkpoint(tp, offset)
@@ -452,24 +455,38 @@ class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
     def verify(self) -> list:
         """A full CRC, index and producer-snapshot check of every partition: a list of
         ``Problem`` (file, position, message), empty when the store is sound; a damaged
-        topic metadata file is one (its topic is set aside, see :meth:`damaged_topics`).
-        Nothing is changed."""
+        topic metadata file is one (its topic is set aside, see :meth:`damaged_topics`), and
+        so is a partition whose log cannot load (its directory, the error), after which the
+        other partitions are still checked. Nothing is changed."""
         self._check_open()
         problems = [Problem(e.file, -1, str(damaged_topic_error(e)))
                     for _, e in sorted(self._damaged.items())]
-        for tp in sorted(self._logs):
-            problems.extend(self._logs[tp].verify())
+        unloadable = {}   # a log that cannot load is a problem to report, not a reason to stop
+        logs = dict(self._logs.items(on_error=unloadable.__setitem__))
+        for tp in sorted(set(logs) | set(unloadable)):
+            if tp in unloadable:
+                e = unloadable[tp]
+                problems.append(Problem(self._partition_dir(tp), -1,
+                                        f"cannot load {tp.topic}-{tp.partition}: "
+                                        f"{type(e).__name__}: {e}"))
+            else:
+                problems.extend(logs[tp].verify())
         return problems
 
     def metrics(self) -> dict:
-        """Store-wide gauges (Kafka metric names where Kafka has one)."""
+        """Store-wide gauges (Kafka metric names where Kafka has one). ``OfflineReplicaCount``
+        (Kafka's ReplicaManager gauge) counts the partitions whose log an I/O error took
+        offline or cannot load; ``size-bytes`` and ``segments`` cover the logs that loaded."""
         self._check_open()
+        unloadable: dict = {}   # counted offline, as Kafka counts the logs of a failed dir
+        logs = [lg for _, lg in self._logs.items(on_error=unloadable.__setitem__)]
         return {
             "topics": len(self._topics),
             "partitions": len(self._logs),
-            "size-bytes": sum(lg.size_bytes for lg in self._logs.values()),
-            "segments": sum(len(lg.segments) for lg in self._logs.values()),
+            "size-bytes": sum(lg.size_bytes for lg in logs),
+            "segments": sum(len(lg.segments) for lg in logs),
             "pending-deletes": len(self._deletes),
+            "OfflineReplicaCount": len(unloadable) + sum(lg.offline for lg in logs),
             **self.cleaner.metrics(),
         }
 

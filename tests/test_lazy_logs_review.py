@@ -116,3 +116,39 @@ def test_a_clean_writable_open_marks_an_older_store_whose_logs_it_never_loads(tm
     os.unlink(meta_path(path, "t"))
     with pytest.raises(CorruptMetadataError, match="topic metadata missing"):
         segstore.open(path, clock=FakeClock())
+
+
+def test_verify_reports_a_log_that_fails_to_load_and_checks_the_others(tmp_path, monkeypatch):
+    """verify() is a report: one partition that cannot load is a Problem naming its directory
+    and the error, not an exception that hides what the other partitions hold."""
+    path = _store(tmp_path)
+    seg = os.path.join(path, "t-2", "00000000000000000000.log")
+    with open(seg, "r+b") as f:   # a CRC the full check must still find in t-2
+        f.seek(70)
+        b = f.read(1)
+        f.seek(70)
+        f.write(bytes([b[0] ^ 0xFF]))
+    _failing_load(monkeypatch, {"t-1"})
+    with segstore.open(path) as s:
+        problems = s.verify()
+    dirs = [os.path.relpath(p.file, path).split(os.sep)[0] for p in problems]
+    assert dirs[0] == "t-1" and len(problems) >= 2, problems
+    assert problems[0].position == -1
+    assert "cannot load t-1" in problems[0].message
+    assert "OSError" in problems[0].message and "Input/output error" in problems[0].message
+    assert set(dirs[1:]) == {"t-2"}
+
+
+def test_metrics_count_a_log_that_fails_to_load_as_offline(tmp_path, monkeypatch):
+    path = _store(tmp_path)
+    with segstore.open(path) as s:
+        sizes = {p: s.partition("t", p).size_bytes for p in range(3)}
+        assert s.metrics()["OfflineReplicaCount"] == 0
+    _failing_load(monkeypatch, {"t-0"})
+    with segstore.open(path) as s:
+        m = s.metrics()
+        assert m["partitions"] == 3 and m["OfflineReplicaCount"] == 1
+        assert m["size-bytes"] == sizes[1] + sizes[2] and m["segments"] == 2
+        monkeypatch.undo()   # the disk is back: the next lookup loads it
+        m = s.metrics()
+        assert m["OfflineReplicaCount"] == 0 and m["size-bytes"] == sum(sizes.values())

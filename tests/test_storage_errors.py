@@ -245,6 +245,7 @@ def test_flush_failing_in_the_flush_ms_pass_does_not_stop_the_other_logs(tmp_pat
     monkeypatch.undo()
     assert a.offline and not b.offline
     assert b.recovery_point == 1 and a.recovery_point == 0
+    assert store.metrics()["OfflineReplicaCount"] == 1
     store.close()
     assert not os.path.exists(os.path.join(str(tmp_path), CLEAN_SHUTDOWN_FILE))
 
