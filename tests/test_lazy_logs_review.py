@@ -4,6 +4,7 @@ runs while another thread changes the store, must not break for the other logs."
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -152,3 +153,55 @@ def test_metrics_count_a_log_that_fails_to_load_as_offline(tmp_path, monkeypatch
         monkeypatch.undo()   # the disk is back: the next lookup loads it
         m = s.metrics()
         assert m["OfflineReplicaCount"] == 0 and m["size-bytes"] == sum(sizes.values())
+
+
+@pytest.mark.parametrize("pass_name", ["grab_filthiest_compacted_log", "deletable_logs"])
+def test_a_cleaner_pass_loads_logs_without_holding_the_managers_lock(tmp_path, monkeypatch,
+                                                                     pass_name):
+    """The first pass after an open loads every compacted log; pausing, aborting or asking a
+    partition's state (the manager's lock) must not wait for all those loads."""
+    path = _store(tmp_path, topic_config={"cleanup.policy": "compact"})
+    entered, release = threading.Event(), threading.Event()
+    real = log_mod.PartitionLog.__init__
+
+    def slow_init(self, directory, *args, **kwargs):
+        if os.path.basename(directory) == "t-1":
+            entered.set()
+            assert release.wait(30)
+        real(self, directory, *args, **kwargs)
+
+    with segstore.open(path) as s:
+        monkeypatch.setattr(log_mod.PartitionLog, "__init__", slow_init)
+        manager = s.cleaner_manager
+        result = []
+        cleaner_pass = threading.Thread(
+            target=lambda: result.append(getattr(manager, pass_name)()))
+        cleaner_pass.start()
+        try:
+            assert entered.wait(30)
+            asked = threading.Thread(target=lambda: result.append(manager.state(TP("t", 0))))
+            asked.start()
+            asked.join(5)
+            assert not asked.is_alive(), "the manager's lock was held during a log's load"
+            assert result == [None]
+        finally:
+            release.set()
+            cleaner_pass.join(30)
+        assert not cleaner_pass.is_alive()
+        if pass_name == "deletable_logs":
+            assert sorted(tp for tp, _ in result[1]) == [TP("t", p) for p in range(3)]
+            manager.done_deleting([tp for tp, _ in result[1]])
+
+
+def test_a_retention_pass_leaves_out_logs_whose_topic_went_after_the_listing(tmp_path,
+                                                                            monkeypatch):
+    """deletable_logs lists (and loads) the logs before it takes the manager's lock; a topic
+    deleted in between must not have its closed logs marked InProgress."""
+    path = _store(tmp_path, topic_config={"cleanup.policy": "compact"})
+    with segstore.open(path) as s:
+        manager = s.cleaner_manager
+        listed = manager._each_log()
+        s.delete_topic("t")
+        monkeypatch.setattr(manager, "_each_log", lambda: listed)
+        assert manager.deletable_logs() == []
+        assert [manager.state(TP("t", p)) for p in range(3)] == [None] * 3

@@ -192,7 +192,7 @@ class LogCleanerManager:
     def _each_log(self) -> list:
         """``(tp, log)`` of every partition, loading only compacted topics' logs; one whose
         load fails (out of descriptors, an I/O error) sits this pass out rather than stopping
-        it for the others."""
+        it for the others. Called without the manager's lock, which loads must not hold up."""
         def unloadable(tp, e):
             log.warning("leaving %s-%d out of this cleaner pass: its log cannot be loaded: %s",
                         tp.topic, tp.partition, e)
@@ -268,12 +268,13 @@ class LogCleanerManager:
         ``on_error(tp, exc)`` is told about a log whose range could not be computed.
         """
         now = self.clock() if now is None else now
+        logs = self._each_log()   # loads outside the lock: a first pass may load thousands
         with self._lock:
             self.time_of_last_run = now
             cps = self.all_cleaner_checkpoints()
             pre = PreCleanStats()
             candidates = []
-            for tp, lg in self._each_log():
+            for tp, lg in logs:
                 if (not lg.config.compact or tp in self._states or tp in self.uncleanable
                         or lg.closed or lg.offline):
                     continue
@@ -351,11 +352,13 @@ class LogCleanerManager:
     def deletable_logs(self) -> list:
         """Compacted logs that are in no state and not uncleanable, marked InProgress for a
         retention pass (Kafka's deletableLogs); hand them back with ``done_deleting``."""
+        logs = self._each_log()   # loads outside the lock, as grab_filthiest_compacted_log
         with self._lock:
             out = []
-            for tp, lg in self._each_log():
+            for tp, lg in logs:
+                # Closed: its topic was deleted since the listing (and its state cleared).
                 if (lg.config.compact and tp not in self._states and tp not in self.uncleanable
-                        and not lg.offline):
+                        and not lg.offline and not lg.closed):
                     self._states[tp] = IN_PROGRESS
                     out.append((tp, lg))
             return out
