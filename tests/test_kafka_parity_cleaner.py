@@ -16,7 +16,6 @@ import pytest
 from conftest import FakeClock
 from segstore import TopicPartition
 from segstore.checkpoint import CLEAN_SHUTDOWN_FILE
-from segstore.records import ControlRecordType
 from segstore.transaction_index import collect_aborted_transactions
 from test_cleaner import (T0, abort, all_batches, compacted_topic, kv, last_offsets,
                           last_sequences, make_cleaner, log_to_clean, open_store, records,
@@ -306,3 +305,42 @@ def test_empty_active_segment_with_a_trimmed_index_takes_appends_after_reopen(ro
     st.close()
     st = open_store(root, clock)
     assert [r.offset for r in st.partition("t", 0).iter_records()] == list(range(9))
+
+
+# -- KAFKA-5829: a corrupt index does not cost the producer snapshots --------------------------
+
+def test_a_corrupt_index_is_rebuilt_without_deleting_producer_snapshots(root, clock):
+    """KAFKA-5829: the open rebuilds the damaged offset index of the first segment (below the
+    recovery point, after a clean shutdown) and leaves every producer snapshot as it was,
+    instead of dropping them all and replaying the whole log."""
+    st = open_store(root, clock)
+    lg = compacted_topic(st, cleanup_policy="delete", segment_bytes=1 << 20,
+                         index_interval_bytes=1)
+    seq = 0
+    for _ in range(4):
+        for _ in range(5):
+            lg.append_batch([b"v"], keys=[b"k"], producer_id=1, producer_epoch=0,
+                            base_sequence=seq)
+            seq += 1
+        lg.roll()
+    directory = lg.directory
+    st.close()
+
+    def snapshots():
+        out = {}
+        for n in sorted(os.listdir(directory)):
+            if n.endswith(".snapshot"):
+                with open(os.path.join(directory, n), "rb") as f:
+                    out[n] = f.read()
+        return out
+    before = snapshots()
+    assert len(before) == 4
+    with open(os.path.join(directory, "%020d.index" % 0), "r+b") as f:
+        f.write(b"\xff" * 16)                     # entries out of order: a corrupt index
+    st = open_store(root, clock)
+    lg = st.partition("t", 0)
+    assert lg.verify() == []                       # rebuilt
+    assert snapshots() == before
+    assert lg.active_producers() == {1: (19, 0)}
+    assert [r.offset for r in lg.read(3, max_records=2)] == [3, 4]
+    st.close()
