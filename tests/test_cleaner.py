@@ -1589,8 +1589,8 @@ def producer_view(lg) -> dict:
 def test_idempotent_producers_keep_their_last_batches(root, clock):
     """#34, Kafka's testDuplicateCheckAfterCleaning: each producer's last batch survives with
     its original last offset and last sequence, so the state a reload rebuilds is unchanged.
-    (segstore does not check duplicate sequences on append, so the re-send half of Kafka's test
-    does not apply; the rebuilt producer state is what it would check against.)"""
+    (The re-send half of Kafka's test, duplicates answered with their original offsets after
+    the reload, is test_kafka_parity_cleaner.py's test_duplicate_check_after_cleaning.)"""
     st, lg = txn_store(root, clock)
     p1, p2, p3 = (Producer(lg, pid, transactional=False) for pid in (1, 2, 3))
     p1([1, 2, 3])
