@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _core, segment_reads
 from .errors import (CorruptIndexError, CorruptRecordError, InvalidOffsetError,
-                     SegmentChangedError)
+                     RecordTooLargeError, SegmentChangedError)
 from .flusher import PendingFlush
 from .index import OffsetIndex, TimeIndex
 # Names defined by the helper modules are re-exported: the package and its tests import them
@@ -40,6 +40,8 @@ from .segment_files import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SU
                             SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix,
                             read_map, replace_suffix, segment_paths, write_all)
 from .transaction_index import AbortedTxn, TransactionIndex
+
+MAX_SEGMENT_BYTES = 0x7FFFFFFF  # a segment's file positions are int32 in its index
 
 __all__ = ["LogSegment", "sealed_index_entries", "Problem", "MAX_RELATIVE_OFFSET", "first_offsets", "consistent_prefix",
            "filename_prefix", "segment_paths", "LOG_SUFFIX", "INDEX_SUFFIX", "TIME_INDEX_SUFFIX",
@@ -304,6 +306,13 @@ class LogSegment(SegmentIndexing, SegmentTruncation, SegmentTimestamps):
             raise InvalidOffsetError(
                 f"offsets {first}..{last} cannot be stored relative to segment base "
                 f"{self.base_offset} (LogSegmentOffsetOverflow)")
+        if len(data) > MAX_SEGMENT_BYTES - self.size:
+            # Kafka's FileRecords.append check: index entries hold int32 positions, which
+            # would wrap. Rolls keep appends below it; a cleaned group that grew could not.
+            raise RecordTooLargeError(
+                f"append of {len(data)} bytes is too large for segment {self.log_path} with "
+                f"current file position at {self.size} (a segment holds at most 2**31 - 1 "
+                f"bytes)")
         position = self.size
         max_ts, off_max = self.max_timestamp_so_far, self.offset_of_max_timestamp
         # What a failed append puts back: all or nothing in memory. The bytes it may have

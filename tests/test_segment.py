@@ -17,9 +17,9 @@ import pytest
 from conftest import HUGE_PAGE_ADVICE_SHOWS, batch_spans, map_vm_flags, v2_header
 from segstore import _core
 from segstore.config import TopicConfig
-from segstore.errors import CorruptRecordError, InvalidOffsetError
+from segstore.errors import CorruptRecordError, InvalidOffsetError, RecordTooLargeError
 from segstore.loader import recover_segment
-from segstore.segment import LogSegment, segment_paths
+from segstore.segment import MAX_SEGMENT_BYTES, LogSegment, segment_paths
 
 INT32_MAX = 2**31 - 1
 
@@ -190,6 +190,25 @@ def test_offset_overflow_both_signs(tmp_path, base):  # REF §7 #14
     seg.append(*enc(base))
     seg.append(*enc(base + INT32_MAX))  # the largest relative offset fits
     assert seg.read_next_offset() == base + INT32_MAX + 1
+
+
+def test_an_append_past_a_segments_int32_positions_is_refused(tmp_path):
+    """Kafka's FileRecords.append check: a segment's index holds int32 positions, so no append
+    may take its file past 2**31 - 1 bytes (they would wrap negative). Rolls keep appends
+    below it; a cleaned group whose rebuilt batches grew is what could reach it."""
+    seg = segment(tmp_path, config=cfg(index_interval_bytes=1))   # every batch indexed
+    first = enc(0)
+    seg.append(*first)
+    data, batches = enc(1, 3)
+    seg.size = MAX_SEGMENT_BYTES - len(data) + 1   # as if the file were that long already
+    with pytest.raises(RecordTooLargeError, match="too large for segment"):
+        seg.append(data, batches)
+    assert seg.size == MAX_SEGMENT_BYTES - len(data) + 1
+    assert os.path.getsize(seg.log_path) == len(first[0]) and seg.offset_index.entries == 0
+    seg.size -= 1   # exactly fits: its last byte at position 2**31 - 2 (a sparse file)
+    seg.append(data, batches)
+    assert seg.size == MAX_SEGMENT_BYTES == os.path.getsize(seg.log_path)
+    assert seg.offset_index.entries_array()["pos"].tolist() == [MAX_SEGMENT_BYTES - len(data)]
 
 
 # ---------------------------------------------------------------------------------------------
