@@ -19,9 +19,14 @@ class SegmentTruncation:
         first = self.translate_offset(offset)
         self.txn_index.truncate_to(offset)  # aborted txns whose marker goes
         if first is None:
-            # Nothing to drop, but the segment may become active again: room in its indexes.
+            # Nothing to drop, but the segment may become active again: room in its indexes,
+            # and an empty one waits for its roll from now (Kafka resets the create time
+            # whenever the log is empty after a truncateTo).
             self.offset_index.resize(self.config.segment_index_bytes)
             self.time_index.resize(self.config.segment_index_bytes)
+            if self.size == 0:
+                self.created_ms = self.clock()
+                self.rolling_based_timestamp = None
             return 0
         keep = int(first["position"])
         removed = self.size - keep

@@ -147,8 +147,6 @@ def test_segment_truncate_below_base_empties_it_and_resets_the_roll_clock(tmp_pa
     assert seg.should_roll(10, -1, 42, 1000, clock())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: truncate_to with nothing to cut keeps the old create time of an empty segment"))
 def test_truncating_a_reopened_empty_segment_restarts_its_roll_clock(tmp_path):
     """#17, LogSegmentTest.testTruncateEmptySegment: a follower truncates a reopened, empty
     segment (to 57, past its end): its indexes get room again and the time waited for a roll
@@ -169,8 +167,9 @@ def test_truncating_a_reopened_empty_segment_restarts_its_roll_clock(tmp_path):
     assert not reopened.should_roll(1024, -1, 100, 300_000, clock())
     assert reopened.should_roll(1024, -1, INT32_MAX + 200, 300_000, clock())
     reopened.append(*enc(0, ts=-1))
-    assert not reopened.should_roll(10, -1, 1, 300_000, clock.t)  # waited exactly segment.ms
-    assert reopened.should_roll(10, -1, 1, 300_000, clock.t + 1)
+    # rolls by the time waited since the truncation (500), not since the reopen (0)
+    assert not reopened.should_roll(10, -1, 1, 300_000, 500 + 300_000)
+    assert reopened.should_roll(10, -1, 1, 300_000, 500 + 300_001)
     reopened.close()
 
 
