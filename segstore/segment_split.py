@@ -109,9 +109,11 @@ def split_overflowed_segment(seg: LogSegment, config, clock) -> list:
             out.change_file_suffixes(CLEANED_SUFFIX, SWAP_SUFFIX)
         fsync_dir(seg.directory)
     except BaseException:
+        # The old segment is untouched: every new one goes, .swap ones too. A .swap left
+        # without the .cleaned ones below it would look committed to the next open, which
+        # would complete half a split next to the old segment.
         for out in new:
-            if out.suffix == CLEANED_SUFFIX:
-                out.delete_files()
+            out.delete_files()
         raise
     seg.close()
     seg.change_file_suffixes("", DELETED_SUFFIX)

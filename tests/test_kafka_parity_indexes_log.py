@@ -356,16 +356,11 @@ def _open_crashing_at(root, crash_at, how):
 @pytest.mark.parametrize("how", ["error", "kill"])
 @pytest.mark.parametrize("crash_at", [(".cleaned", ".swap"), (".swap", "")],
                          ids=["some-swap", "partly-renamed"])
-def test_crash_at_the_second_rename_of_a_split_recovers_every_key(tmp_path, crash_at, how,
-                                                                  request):
+def test_crash_at_the_second_rename_of_a_split_recovers_every_key(tmp_path, crash_at, how):
     """#28, LogLoaderTest.testRecoveryAfterCrashDuringSplitPhase2/5: the split makes two
     segments; a crash (an I/O error, or the process dying) at the *second* .cleaned -> .swap
     rename (one .swap, one .cleaned) or at the second .swap -> log rename (one renamed, one
     still .swap) recovers to the same keys, with no leftover temporary file."""
-    if how == "error" and crash_at == (".cleaned", ".swap"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "BUG: the split's clean-up deletes the .cleaned segments but keeps the .swap ones, "
-            "so the next open completes half a split")))
     _legacy_overflow_dir(tmp_path)
     _open_crashing_at(tmp_path, crash_at, how)
     with segstore.open(str(tmp_path)) as s:
