@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _core
 from .checkpoint import fsync_dir
-from .errors import CorruptRecordError, InvalidOffsetError
+from .errors import CorruptRecordError, InvalidArgumentError, InvalidOffsetError
 from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, MAX_RELATIVE_OFFSET, SWAP_SUFFIX,
                       LogSegment, first_offsets)
 
@@ -70,7 +70,13 @@ def _first_offset(buf, batch) -> int:
 
 
 def split_overflowed_segment(seg: LogSegment, config, clock) -> list:
-    """Replace ``seg`` (closed by this call) by segments whose offsets fit; returns them."""
+    """Replace ``seg`` (closed by this call) by segments whose offsets fit; returns them.
+
+    Only a segment with an overflowed legacy batch is split (Kafka's require(hasOverflow)):
+    anything else would be rewritten for nothing, and renamed if its first batch is past its
+    base offset."""
+    if seg.suffix or overflowed_legacy_batch(seg) is None:
+        raise InvalidArgumentError(f"{seg.log_path} has no offset overflow to split")
     buf = seg.buffer(seg.size)
     res = seg.scan(0, seg.size, validate_crc=True, raise_on_corrupt=False)
     if res.error is not None or res.valid_end != seg.size:

@@ -373,8 +373,6 @@ def test_crash_at_the_second_rename_of_a_split_recovers_every_key(tmp_path, cras
     assert not [n for n in left if n.endswith((".cleaned", ".swap", ".deleted"))]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: split_overflowed_segment rewrites a segment without overflow"))
 def test_a_split_segment_is_not_split_again(tmp_path):
     """#28, LocalLog.splitOverflowedSegment's require(segment.hasOverflow): after the split,
     reopening leaves the files alone, and asking to split a segment without overflow is an
