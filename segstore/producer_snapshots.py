@@ -175,7 +175,7 @@ def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
     """The producer state of a log being opened (REF §4.2 step 11).
 
     After a clean shutdown that left no snapshot at all there were no producers (Kafka's rule,
-    REF §7 #30). Otherwise the state is the newest valid snapshot at or below the log end plus
+    REF §7 #30): empty snapshots are written at the last two segment bases. Otherwise the state is the newest valid snapshot at or below the log end plus
     the batches after it (the whole log without one). Segments in ``recovered`` had their
     transaction indexes reset: a first replay from the newest snapshot at or below the oldest
     of them writes those again (Kafka recovers each segment with the state before it), and
@@ -186,6 +186,15 @@ def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
     snaps = list_snapshots(directory, names)
     if had_clean_shutdown and not recovered and not snaps:
         psm = ProducerStateManager()
+        # Kafka's rebuildProducerState: empty snapshots at the last two segment bases (the
+        # caller adds the log end), so a truncation into them reloads from a snapshot
+        # instead of replaying the whole log.
+        written = False
+        for base in sorted({s.base_offset for s in segments})[-2:]:
+            if base <= log_end_offset:
+                written |= take_snapshot(psm, directory, base) is not None
+        if written:
+            fsync_dir(directory)
         psm.map_end_offset = log_end_offset
         return psm
     snaps = remove_stray_snapshots(directory, [s.base_offset for s in segments], log_end_offset,

@@ -395,8 +395,6 @@ def test_a_split_segment_is_not_split_again(tmp_path):
     seg.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: only a snapshot at the log end is written; a truncation replays the whole log"))
 def test_clean_shutdown_without_snapshots_writes_empty_ones_and_truncation_uses_them(tmp_path):
     """#30, LogLoaderTest.testSkipTruncateAndReloadIfNewMessageFormatAndCleanShutdown and
     UnifiedLog.rebuildProducerState: a clean shutdown that left no snapshot loads no producer
