@@ -20,7 +20,7 @@ import segstore
 from conftest import batch_spans, legacy_message, rec_tuple
 from segstore import _core
 from segstore.config import TopicConfig
-from segstore.errors import InvalidArgumentError
+from segstore.errors import InvalidArgumentError, InvalidOffsetError
 from segstore.index import OffsetIndex, TimeIndex
 from segstore.log import PartitionLog
 from segstore.loader import recover_segment
@@ -103,6 +103,21 @@ def test_read_only_reopen_keeps_an_entry_at_relative_offset_0_position_0(tmp_pat
 
 # ---------------------------------------------------------------------------------------------
 # segment
+
+
+@pytest.mark.parametrize("base,offset", [(0, -2**31), (0, -1), (2**31, 0), (100, 10)])
+def test_append_below_the_base_is_an_offset_overflow(tmp_path, base, offset):
+    """#14, LogSegmentTest.testAppendForLogSegmentOffsetOverflowException's cases below the
+    base ("0, -2147483648", "1, 0", "100, 10", "2147483648, 0"): a batch whose offsets lie
+    below the segment base cannot be made relative. segstore's encoder refuses negative
+    offsets, so the base offset (outside the CRC) is patched in the bytes as a broker's
+    follower path could receive it."""
+    data = bytearray(_core.encode_batch([b"x"], base_offset=0))
+    data[0:8] = struct.pack(">q", offset)
+    seg = LogSegment(str(tmp_path), base, cfg(), Clock())
+    with pytest.raises(InvalidOffsetError):
+        seg.append(bytes(data), _core.scan_batches(bytes(data)).batches)
+    assert seg.size == 0 and os.path.getsize(seg.log_path) == 0
 
 
 def test_segment_append_truncate_loop_rereads_the_first_of_two(tmp_path):
