@@ -175,8 +175,9 @@ def load_producer_state(directory: str, segments, *, had_clean_shutdown: bool,
     """The producer state of a log being opened (REF §4.2 step 11).
 
     After a clean shutdown that left no snapshot at all there were no producers (Kafka's rule,
-    REF §7 #30): empty snapshots are written at the last two segment bases. Otherwise the state is the newest valid snapshot at or below the log end plus
-    the batches after it (the whole log without one). Segments in ``recovered`` had their
+    REF §7 #30): empty snapshots are written at the last two segment bases. Otherwise the
+    state is the newest valid snapshot at or below the log end plus the batches after it (the
+    whole log without one). Segments in ``recovered`` had their
     transaction indexes reset: a first replay from the newest snapshot at or below the oldest
     of them writes those again (Kafka recovers each segment with the state before it), and
     also the aborted transactions of a segment that lost its ``.txnindex``. ``listing``: the
