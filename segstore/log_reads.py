@@ -21,8 +21,8 @@ from .log_isolation import (READ_UNCOMMITTED, committed_spans, committed_view,
 from .errors import (CorruptRecordError, InvalidArgumentError, InvalidOffsetError,
                      OffsetOutOfRangeError, SegmentChangedError, offset_argument)
 from .log_state import LogState as _State
-from .records import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, ConsumerRecord,
-                      OffsetAndTimestamp)
+from .records import (EARLIEST_LOCAL_TIMESTAMP, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP,
+                      MAX_TIMESTAMP, ConsumerRecord, OffsetAndTimestamp)
 
 
 READ_ATTEMPTS = 4  # a read racing truncations or deletions this often in a row gives up
@@ -248,12 +248,14 @@ class LogReads:
 
     @_on_current_state
     def offset_for_time(self, timestamp_ms: int) -> Optional[OffsetAndTimestamp]:
-        """Kafka's ListOffsets for one partition (REF §3.7), including -1, -2 and -3."""
+        """Kafka's ListOffsets for one partition (REF §3.7), including -1 (latest), -2
+        (earliest), -3 (max timestamp) and -4 (earliest local: the log start offset, as
+        without tiered storage); the other tiered-storage targets raise InvalidOffsetError."""
         self._check_open()
         offset_argument(timestamp_ms, "offset_for_time's timestamp (milliseconds)")
         self._refresh()
         st = self._state
-        if timestamp_ms == EARLIEST_TIMESTAMP:
+        if timestamp_ms in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
             return OffsetAndTimestamp(st.log_start_offset, -1, None)
         if timestamp_ms == LATEST_TIMESTAMP:
             return OffsetAndTimestamp(st.log_end_offset, -1, None)

@@ -47,6 +47,8 @@ NO_PARTITION_LEADER_EPOCH = -1
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
+# Tiered storage's earliest local offset; with no tiered storage it is the log start offset.
+EARLIEST_LOCAL_TIMESTAMP = -4
 
 
 class TopicPartition(NamedTuple):

@@ -15,6 +15,7 @@ import pytest
 from conftest import FakeClock, batch_spans
 from segstore import _core
 from segstore.config import TopicConfig
+from segstore.errors import InvalidOffsetError
 from segstore.log import PartitionLog
 from segstore.retention import RETENTION_BYTES, enforce
 
@@ -204,16 +205,17 @@ def test_max_timestamp_takes_the_first_segment_on_ties_and_its_first_record_with
     assert lg.offset_for_time(-3) == (6, T0 + 10, None)
 
 
-@pytest.mark.xfail(strict=True, reason="-4 raises InvalidOffsetError")
 def test_earliest_local_timestamp_is_the_log_start_offset_without_tiered_storage(tmp_path):
     """REF §3.7: -4 EARLIEST_LOCAL behaves like -2 EARLIEST when there is no tiered storage:
-    the log start offset, timestamp -1."""
+    the log start offset, timestamp -1. The other tiered-storage targets stay refused."""
     lg = open_log(tmp_path)
     assert lg.offset_for_time(-4) == (0, -1, None)
     for i in range(5):
         lg.append_batch([b"x"], timestamps_ms=[T0 + i])
     lg.delete_records(3)
     assert lg.offset_for_time(-4) == lg.offset_for_time(-2) == (3, -1, None)
+    with pytest.raises(InvalidOffsetError):
+        lg.offset_for_time(-5)
 
 
 # ---------------------------------------------------------------------------------------------
