@@ -169,7 +169,9 @@ def test_read_max_bytes_takes_batches_while_their_total_fits_exactly(tmp_path):
     """REF §3.6 step 4: the range holds up to ``maxBytes`` bytes of batches from the first
     (segstore ends it on a batch edge, docs/architecture.md "Reads never trust what they
     cannot check"); ``minOneMessage`` makes the first batch whole whatever ``maxBytes`` is.
-    Batches of the next segment are taken only while the total still fits."""
+    Kafka's fetch stops at the segment's end; segstore's read goes on into the next segment
+    (docs/architecture.md "A read goes on into the next segments"), taking its batches only
+    while the total still fits."""
     n = one_batch_size()
     lg = open_log(tmp_path, segment_bytes=3 * n)
     for _ in range(7):
