@@ -142,6 +142,28 @@ def test_flush_to_an_offset_moves_the_recovery_point_there_and_never_back(tmp_pa
     assert lg.recovery_point == 8          # flush.messages defaults to Long.MAX_VALUE
 
 
+def test_flush_ms_counts_from_the_last_flush_and_an_append_checks_it_too(tmp_path):
+    """REF §3.4: a log is flushed once ``now - lastFlushTime >= flush.ms``. Kafka's periodic
+    flusher checks it; segstore also checks it at every append (as its flusher, ``tick``,
+    does), so the append that comes ``flush.ms`` after the last flush makes itself durable."""
+    clock = FakeClock(T0)
+    lg = open_log(tmp_path, clock, flush_ms=1_000)
+    lg.append(b"a")
+    assert lg.recovery_point == 0            # 0 ms since the open
+    clock.advance(999)
+    lg.append(b"b")
+    assert lg.recovery_point == 0            # 999 ms: not yet
+    clock.advance(1)
+    lg.append(b"c")
+    assert lg.recovery_point == 3            # 1000 ms: the append flushed, itself included
+    clock.advance(999)
+    lg.append(b"d")
+    assert lg.recovery_point == 3            # the clock restarted at that flush
+    clock.advance(1)
+    lg.maybe_flush()
+    assert lg.recovery_point == 4
+
+
 def test_truncation_lowers_recovery_point_and_log_start_offset_to_the_new_end(tmp_path):
     """REF §3.8: after ``truncateTo(target)`` the log end is the target (segstore: where the
     data ends, the same at a batch edge), the recovery point is at most the new end, and
