@@ -523,22 +523,26 @@ class LogSegment(SegmentIndexing, SegmentTruncation, SegmentTimestamps):
         """Rename every file of the segment from suffix ``old`` to ``new`` (REF §2.2)."""
         def renamed(path):
             return replace_suffix(path, old, new)
-        if os.path.exists(self.log_path):
-            os.replace(self.log_path, renamed(self.log_path))
-        self.log_path = renamed(self.log_path)
-        for i, index in enumerate((self._offset_index, self._time_index)):
-            new_path = renamed(self._index_paths[i])
-            if index is not None:
-                index.rename(new_path)
-            elif os.path.exists(self._index_paths[i]):
-                os.replace(self._index_paths[i], new_path)
-            self._index_paths[i] = new_path
-        if self._txn_index is not None:
-            self._txn_index.rename(renamed(self.txn_index_path))
-        elif os.path.exists(self.txn_index_path):
-            os.replace(self.txn_index_path, renamed(self.txn_index_path))
-        self.txn_index_path = renamed(self.txn_index_path)
-        self.suffix = new
+        # Under the lock that opens the files: a reader opening a released segment's file
+        # between a rename and the path's update would find no file (FileNotFoundError
+        # instead of reading the renamed one).
+        with self._lock:
+            if os.path.exists(self.log_path):
+                os.replace(self.log_path, renamed(self.log_path))
+            self.log_path = renamed(self.log_path)
+            for i, index in enumerate((self._offset_index, self._time_index)):
+                new_path = renamed(self._index_paths[i])
+                if index is not None:
+                    index.rename(new_path)
+                elif os.path.exists(self._index_paths[i]):
+                    os.replace(self._index_paths[i], new_path)
+                self._index_paths[i] = new_path
+            if self._txn_index is not None:
+                self._txn_index.rename(renamed(self.txn_index_path))
+            elif os.path.exists(self.txn_index_path):
+                os.replace(self.txn_index_path, renamed(self.txn_index_path))
+            self.txn_index_path = renamed(self.txn_index_path)
+            self.suffix = new
 
     def delete_files(self) -> None:
         """Drop the segment's descriptors and maps (no trimming: it is going) and unlink it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -557,3 +558,54 @@ def test_recovery_after_random_corruption_keeps_batches_before(tmp_path):  # REF
         if k:
             assert read_offsets(again, 0) == list(range(3 * k))
         again.close()
+
+
+def test_a_reader_opening_a_released_segment_during_a_rename_finds_its_file(tmp_path,
+                                                                            monkeypatch):
+    """Retention renames a segment's files .deleted while readers may reopen it (a sealed
+    segment's files are released after its roll). A reopen between the rename and the
+    segment's new path used to fail with FileNotFoundError (seen under load in
+    test_retention's reader threads); it now waits for the rename and opens the new name."""
+    seg = segment(tmp_path)
+    data, batches = enc(0, 3)
+    seg.append(data, batches)
+    seg.release_files()
+    renamed, go_on, reader_at_lock = threading.Event(), threading.Event(), threading.Event()
+
+    class SignallingLock:
+        """The segment's lock, telling when the reader thread reaches it."""
+        def __init__(self, lock):
+            self._inner = lock
+
+        def __enter__(self):
+            if threading.current_thread().name == "reader":
+                reader_at_lock.set()
+            self._inner.acquire()
+            return self
+
+        def __exit__(self, *exc):
+            self._inner.release()
+
+    seg._lock = SignallingLock(seg._lock)
+    real_replace = os.replace
+
+    def paused_replace(src, dst):
+        real_replace(src, dst)
+        if dst.endswith(".log.deleted"):
+            renamed.set()
+            assert go_on.wait(30)
+
+    monkeypatch.setattr(os, "replace", paused_replace)
+    renamer = threading.Thread(target=seg.change_file_suffixes, args=("", ".deleted"))
+    renamer.start()
+    assert renamed.wait(30)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(bytes(seg.buffer(seg.size)[:len(data)])),
+                              name="reader")
+    reader.start()
+    assert reader_at_lock.wait(30)
+    go_on.set()
+    renamer.join(30)
+    reader.join(30)
+    assert not renamer.is_alive() and not reader.is_alive()
+    assert got == [data] and seg.log_path.endswith(".log.deleted")
