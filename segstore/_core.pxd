@@ -35,6 +35,7 @@ cdef enum Status:
     ST_INCOMPLETE = 18           # strict scans: a batch runs past data that should be whole
     ST_ORDER = 19                # encode_columns: a row number in `order` is out of range
     ST_CHANGED = 20              # input bytes changed between a counting pass and its fill
+    ST_WRAPPER_OFFSET = 21       # a v1 wrapper's offset is below its last inner offset
 
 # What a cleaner kernel (_map_build.pxi, _clean_filter.pxi) stops for that is not corruption.
 cdef enum:

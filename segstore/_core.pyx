@@ -101,6 +101,8 @@ _STATUS_MESSAGES = {
     ST_ORDER: "a row number in order is out of range",
     ST_CHANGED: "batch changed during decode (its bytes differ from when they were first "
                 "read: was the buffer written to while being read?)",
+    ST_WRAPPER_OFFSET: "a v1 compressed wrapper's offset is below its last inner message's "
+                       "relative offset",
 }
 
 

@@ -281,11 +281,20 @@ cdef int _decode_legacy(list out, object mv, const uint8_t* b, const BatchHeader
                         _bytes_or_none(ib, vpos, vlen), icrc, klen, vlen))
         p = iend
     if not entries:
-        return 0
+        # Kafka's deep iterator: "Found invalid compressed record set with no inner records".
+        _raise_status(ST_RECORD_COUNT, h.position, file, "a compressed wrapper holds no messages")
+    # v1 inner offsets are relative to the wrapper's last offset (absolute ones are the wrapper
+    # offset - the last relative offset + their own); v0 ones are absolute. As in Kafka's deep
+    # iterator, a v1 wrapper at offset 0 (produce data of some librdkafka versions) numbers its
+    # messages from 0, and one below its last relative offset is corrupt.
     last_rel = entries[len(entries) - 1][0]  # no negative indexing: wraparound is off
+    base = 0
+    if magic == 1 and wrapper_offset != 0:
+        if wrapper_offset < last_rel:
+            _raise_status(ST_WRAPPER_OFFSET, h.position, file, f"{wrapper_offset} < {last_rel}")
+        base = wrapper_offset - last_rel
     for ioff_o, its_o, iattrs_o, key, value, icrc_o, kl, vl in entries:
-        # v1 inner offsets are relative to the wrapper's last offset; v0 ones are absolute.
-        offset = wrapper_offset - last_rel + ioff_o if magic == 1 else ioff_o
+        offset = base + ioff_o if magic == 1 else ioff_o
         if magic == 1 and (attrs & 0x08):
             rts, rtype = ts, 1
         elif magic == 1:
