@@ -18,6 +18,7 @@ import struct
 import zlib
 
 import crc32c
+import numpy as np
 import pytest
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
@@ -25,7 +26,9 @@ import segstore
 from conftest import FakeClock, legacy_message, legacy_wrapper
 from segstore import _core
 from segstore.checkpoint import CheckpointError, OffsetCheckpointFile
+from segstore.columns import BinaryColumn
 from segstore.errors import CorruptRecordError
+from segstore.producer_state import increment_sequence
 from segstore.segment_files import filename_prefix, segment_paths
 
 T0 = 1_700_000_000_000
@@ -310,6 +313,21 @@ def test_offset_deltas_outside_last_offset_delta_or_not_increasing_are_corrupt(d
         "record offset deltas are not increasing within [0, lastOffsetDelta]"}
 
 
+@pytest.mark.parametrize("timestamps", [[0, I64_MAX], [0, I64_MIN], [I64_MIN + 1, I64_MAX],
+                                        [T0 + 5, T0 - 3, T0 + 9]])
+def test_column_encoder_writes_the_same_timestamp_varlongs(timestamps):
+    """REF §1.1/§1.5: encode_columns (the numpy path) writes the same bytes as the hand-built
+    batch at the int64 extremes and with a later record older than the first."""
+    n = len(timestamps)
+    enc = _core.encode_columns(BinaryColumn.from_pylist([b"v"] * n),
+                               BinaryColumn.from_pylist([b"k"] * n),
+                               np.array(timestamps, dtype=np.int64), partition_leader_epoch=0)
+    base = timestamps[0]
+    want = batch([record((t - base + 2**63) % 2**64 - 2**63, i) for i, t in enumerate(timestamps)],
+                 base_ts=base, max_ts=max(timestamps), leader_epoch=0)
+    assert bytes(enc.data) == want
+
+
 # ---------------------------------------------------------------------------------------------
 # REF §1.2 / §1.3 header and CRC
 
@@ -333,6 +351,27 @@ def test_crc_covers_attributes_to_end_but_not_offset_epoch_or_length_prefix():
         bad = bytearray(buf)
         bad[at] ^= 0x04
         assert corrupt_reasons(bytes(bad)) == {"CRC mismatch"}
+
+
+@pytest.mark.parametrize("lod, count", [(-1, 0), (-5, 1), (0, 2), (2, 4)])
+def test_header_with_negative_last_offset_delta_or_more_records_than_offsets_is_corrupt(lod,
+                                                                                        count):
+    """REF §1.2: lastOffset = baseOffset + lastOffsetDelta >= baseOffset, and recordsCount
+    records have distinct offsets in [baseOffset, lastOffset]: a header breaking either is
+    refused by the scan itself, before any record is read (offsets are located from it)."""
+    buf = batch([], last_offset_delta=lod, count=count)
+    with pytest.raises(CorruptRecordError):
+        _core.scan_batches(buf)
+
+
+def test_last_sequence_wraps_from_int32_max_to_zero():
+    """REF §1.2: lastSequence = baseSequence + lastOffsetDelta, wrapping 2^31-1 -> 0 (Kafka's
+    incrementSequence), as written in a producer snapshot's lastSequence."""
+    assert increment_sequence(I32_MAX - 1, 1) == I32_MAX
+    assert increment_sequence(I32_MAX - 1, 2) == 0
+    assert increment_sequence(I32_MAX - 1, 3) == 1
+    assert increment_sequence(I32_MAX, I32_MAX) == I32_MAX - 1
+    assert increment_sequence(5, 0) == 5
 
 
 # ---------------------------------------------------------------------------------------------
