@@ -627,6 +627,25 @@ def test_log_directory_holds_kafkas_names_and_index_entry_layouts(tmp_path):
     s.close()
 
 
+def test_time_index_of_v0_data_stays_empty_and_v1_gets_its_final_entry(tmp_path):
+    """REF §2.4/§2.7, §1.10: a recovered segment of v0 messages (no timestamps) keeps an empty
+    time index; a v1 segment's time index gets, on close, the entry (max timestamp, relative
+    offset of its message) and both indexes are trimmed to their entries."""
+    part = tmp_path / "k" / "t-0"
+    part.mkdir(parents=True)
+    (part / "00000000000000000000.log").write_bytes(
+        b"".join(legacy_message(0, i, b"k%d" % i, b"x" * 50) for i in range(5)))
+    (part / "00000000000000000005.log").write_bytes(
+        b"".join(legacy_message(1, 5 + i, b"k%d" % i, b"y" * 50, T0 + i) for i in range(3)))
+    s = segstore.open(str(tmp_path / "k"), clock=FakeClock(T0 + 1000))
+    assert s.partition("t", 0).log_end_offset == 8
+    s.close()
+    assert (part / "00000000000000000000.timeindex").read_bytes() == b""
+    assert (part / "00000000000000000005.timeindex").read_bytes() == struct.pack(">qi", T0 + 2, 2)
+    assert (part / "00000000000000000000.index").read_bytes() == b""
+    assert (part / "00000000000000000005.index").read_bytes() == b""
+
+
 # ---------------------------------------------------------------------------------------------
 # REF §4.5 checkpoint files
 
