@@ -191,6 +191,7 @@ class WriteOptions:
         opts = _normalize(options, _WRITE, "sink")
         topic = opts.get("topic")
         if topic is not None:
+            topic = topic.strip()  # Kafka's sink: options.get("topic").map(_.trim)
             _topic_name("topic", topic)
         ckpt = opts.get("checkpointLocation")
         if streaming and not ckpt:

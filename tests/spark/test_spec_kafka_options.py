@@ -407,7 +407,6 @@ def test_sink_accepts_kafkas_column_types():
     assert (lay.value, lay.key, lay.topic) == ("value", None, None)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the topic option is not trimmed")
 def test_sink_topic_option_is_trimmed():
     """ECO §2.3 topic option: Kafka's sink takes options.get("topic").map(_.trim)."""
     assert WriteOptions.parse({"path": "/s", "topic": " t \n"}, streaming=False).topic == "t"
