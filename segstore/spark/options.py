@@ -98,6 +98,10 @@ class ReadOptions:
     def parse(cls, options: Mapping[str, str], streaming: bool) -> "ReadOptions":
         """Validate a read's options; ``streaming`` selects Kafka's streaming defaults/rules."""
         opts = _normalize(options, _READ, "source")
+        if not streaming and "minOffsetsPerTrigger" in opts and "maxOffsetsPerTrigger" in opts:
+            # Kafka compares them in validateGeneralOptions, which batch queries run too.
+            _check_min_max(_int("minOffsetsPerTrigger", opts["minOffsetsPerTrigger"]),
+                           _int("maxOffsetsPerTrigger", opts["maxOffsetsPerTrigger"]))
         for name in list(opts):
             if name in _BATCH_ONLY and streaming:
                 raise InvalidOptionError(
@@ -154,10 +158,8 @@ class ReadOptions:
         kw["max_offsets_per_trigger"] = _positive(opts, "maxOffsetsPerTrigger")
         kw["min_offsets_per_trigger"] = _positive(opts, "minOffsetsPerTrigger")
         lo, hi = kw["min_offsets_per_trigger"], kw["max_offsets_per_trigger"]
-        if lo is not None and hi is not None and lo > hi:
-            raise InvalidOptionError(
-                f"option 'minOffsetsPerTrigger' ({lo}) is higher than 'maxOffsetsPerTrigger' "
-                f"({hi})")
+        if lo is not None and hi is not None:
+            _check_min_max(lo, hi)
         if "maxTriggerDelay" in opts:
             kw["max_trigger_delay_ms"] = duration_ms("maxTriggerDelay", opts["maxTriggerDelay"])
         # The consumer setting Kafka's source passes through: read_committed reads up to the
@@ -300,6 +302,12 @@ def _int(name: str, text) -> int:
         return int(str(text).strip())
     except ValueError:
         raise InvalidOptionError(f"option {name!r} must be an integer, got {text!r}") from None
+
+
+def _check_min_max(lo: int, hi: int) -> None:
+    if lo > hi:
+        raise InvalidOptionError(
+            f"option 'minOffsetsPerTrigger' ({lo}) is higher than 'maxOffsetsPerTrigger' ({hi})")
 
 
 def _positive(opts: dict, name: str) -> Optional[int]:

@@ -159,7 +159,6 @@ def test_specific_start_timestamp_after_end_timestamp_is_an_error():
     assert o.starting.values == o.ending.values
 
 
-@pytest.mark.xfail(strict=True, reason="bug: batch reads drop both options before comparing them")
 def test_min_offsets_above_max_offsets_is_an_error_in_batch_reads_too():
     """ECO §2.2 minOffsetsPerTrigger: Kafka compares it with maxOffsetsPerTrigger in
     validateGeneralOptions, which batch queries run too; only then are both ignored."""
