@@ -144,6 +144,7 @@ class ReadOptions:
         kw["starting"] = _starting(opts, streaming)
         if not streaming:
             kw["ending"] = _ending(opts)
+            _check_start_not_after_end(kw["starting"], kw["ending"])
         strategy = opts.get("startingOffsetsByTimestampStrategy", "error").strip().lower()
         if strategy not in ("error", "latest"):
             raise InvalidOptionError(
@@ -418,6 +419,21 @@ def _ending(opts: dict) -> OffsetSpec:
                 f"option 'endingOffsets': offset {v} for {t}-{p} is not allowed (use an offset "
                 ">= 0 or -1 for latest; -2 = earliest is not allowed as an end)")
     return OffsetSpec("offsets", "endingOffsets", values=values)
+
+
+def _check_start_not_after_end(start: OffsetSpec, end: OffsetSpec) -> None:
+    """Kafka's checkOffsetLimitValidity: per-partition starts above their ends are refused
+    before anything is resolved, whatever failOnDataLoss says (markers -2/-1 are not compared).
+    """
+    if start.kind != end.kind or start.kind not in ("offsets", "timestamps"):
+        return
+    what = "offset" if start.kind == "offsets" else "timestamp"
+    for (t, p), s in sorted(start.values.items()):
+        e = end.values.get((t, p))
+        if e is not None and s > e >= 0:
+            raise InvalidOptionError(
+                f"option {start.option!r} gives {t}-{p} the {what} {s}, above its "
+                f"{end.option!r} {what} {e}: the range would end before it starts")
 
 
 def _timestamps(name: str, opts: dict) -> OffsetSpec:

@@ -21,7 +21,7 @@ from . import stores
 from .filters import Pruning, push
 from .offsets import (check_range, data_loss, resolve_end, resolve_start, select_partitions,
                       split_ranges)
-from .options import ReadOptions
+from .options import InvalidOptionError, ReadOptions
 
 # Records decoded per step: the first step is small, later ones aim at TARGET_BATCH_BYTES.
 FIRST_CHUNK_RECORDS = 4096
@@ -111,6 +111,15 @@ def plan_ranges(store, opts: ReadOptions, pruning: Optional[Pruning] = None) -> 
     starts = resolve_start(store, tps, opts.starting, opts.starting_strategy,
                            opts.read_committed)
     ends = resolve_end(store, tps, opts.ending, opts.read_committed)
+    for tp in tps:
+        # Kafka (RESOLVED_START_OFFSET_GREATER_THAN_END_OFFSET, an assertion before Spark 4.1):
+        # an error whatever failOnDataLoss says, never an empty range.
+        if starts[tp] > ends[tp]:
+            raise InvalidOptionError(
+                f"{tp.topic}-{tp.partition}: the start {opts.starting.option!r} resolves to, "
+                f"offset {starts[tp]}, is above the end {opts.ending.option!r} resolves to, "
+                f"offset {ends[tp]}: the start is set too high (past the log end for "
+                "'latest'), or the partition was truncated")
     ranges = []
     for tp in tps:
         if pruning is not None and not pruning.keeps(tp):

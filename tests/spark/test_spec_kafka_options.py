@@ -132,7 +132,6 @@ def test_lower_precedence_offset_options_are_not_validated():
     assert (o.starting.kind, o.ending.kind) == ("timestamps", "timestamps")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a start above the end is a DataLossError, or an empty range with failOnDataLoss=false")
 def test_specific_start_offset_after_specific_end_offset_is_an_error():
     """ECO §2.2 startingOffsets/endingOffsets JSON: Spark 4.1+ (checkOffsetLimitValidity,
     UNRESOLVED_START_OFFSET_GREATER_THAN_END_OFFSET) refuses a partition whose given start is
@@ -147,7 +146,6 @@ def test_specific_start_offset_after_specific_end_offset_is_an_error():
     assert o.ending.values == {("t", 0): 3, ("t", 1): -1}
 
 
-@pytest.mark.xfail(strict=True, reason="bug: start timestamps above end timestamps are not refused")
 def test_specific_start_timestamp_after_end_timestamp_is_an_error():
     """ECO §2.2 startingOffsetsByTimestamp/endingOffsetsByTimestamp: the same check for the
     per-partition timestamps (checkOffsetLimitValidity compares them before resolution)."""
@@ -170,7 +168,6 @@ def test_min_offsets_above_max_offsets_is_an_error_in_batch_reads_too():
 
 # -- §2.2 offsets against a store --------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="bug: DataLossError, or an empty range with failOnDataLoss=false")
 def test_resolved_start_after_end_is_an_error_whatever_fail_on_data_loss(root):
     """ECO §2.2 startingOffsets: a start that resolves above the end (an offset past the log
     end with endingOffsets latest, or a timestamp start after an offset end) is Kafka's
