@@ -158,6 +158,15 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     continue
                 lg = store.partition(*tp)
                 s = begin.get(tp, lg.log_start_offset)
+                if tp not in begin and s != 0:
+                    # A partition that appeared during the query is read from its earliest
+                    # offset; Kafka reports data loss when that is not 0
+                    # (ADDED_PARTITION_DOES_NOT_START_FROM_OFFSET_ZERO).
+                    if fail:
+                        raise data_loss(f"added partition {tp.topic}-{tp.partition} starts "
+                                        f"from offset {s} instead of 0")
+                    log.warning("added partition %s-%d starts from offset %d instead of 0; "
+                                "reading from there", tp.topic, tp.partition, s)
                 if s == e:
                     continue
                 if e < s:

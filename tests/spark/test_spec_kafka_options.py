@@ -256,7 +256,6 @@ def test_min_partitions_does_not_split_when_there_are_enough_ranges():
     assert len(split_ranges(ranges, min_partitions=3)) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a new partition is read from its log start silently")
 def test_new_stream_partition_not_starting_at_zero_is_data_loss(tmp_path):
     """ECO §2.2 failOnDataLoss / "newly discovered partitions start at earliest": Kafka reads a
     partition that appeared during the query from its earliest offset and reports data loss
