@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
-from .errors import CorruptIndexError, InvalidOffsetError
+from .errors import CorruptIndexError, InvalidArgumentError, InvalidOffsetError
 from .segment_files import write_all
 
 _OFFSET_ENTRY = struct.Struct(">ii")
@@ -187,6 +187,13 @@ class _AbstractIndex:
         mm = self._mm
         return mm if mm is not None else b""
 
+    def _check_slot(self, slot: int) -> None:
+        # Kafka's "Attempt to fetch the nth entry from an index of size ...": past the entries
+        # lies zero padding, not an entry.
+        if not 0 <= slot < self.entries:
+            raise InvalidArgumentError(f"no entry {slot} in {self.path}, which has "
+                                       f"{self.entries} entries")
+
     def _view(self) -> tuple:
         """(buffer, entries) that agree: readers take no lock, and a remap, trim or reset
         between reading the two would pair a count with a map too short for it."""
@@ -266,6 +273,8 @@ class OffsetIndex(_AbstractIndex):
 
     def entry(self, slot: int, buf=None) -> tuple[int, int]:
         """(absolute offset, position) of a slot (of ``buf``, a :meth:`_view`'s buffer)."""
+        if buf is None:
+            self._check_slot(slot)
         rel, pos = _OFFSET_ENTRY.unpack_from(self._buffer() if buf is None else buf, slot * 8)
         return self.base_offset + rel, pos
 
@@ -328,6 +337,8 @@ class TimeIndex(_AbstractIndex):
 
     def entry(self, slot: int, buf=None) -> tuple[int, int]:
         """(timestamp, absolute offset) of a slot (of ``buf``, a :meth:`_view`'s buffer)."""
+        if buf is None:
+            self._check_slot(slot)
         ts, rel = _TIME_ENTRY.unpack_from(self._buffer() if buf is None else buf, slot * 12)
         return ts, self.base_offset + rel
 

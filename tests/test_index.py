@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from segstore import _core
-from segstore.errors import CorruptIndexError, InvalidOffsetError
+from segstore.errors import CorruptIndexError, InvalidArgumentError, InvalidOffsetError
 from segstore.index import OffsetIndex, TimeIndex
 
 BASE = 45
@@ -253,6 +253,23 @@ def test_time_index_lookups(tmp_path):  # REF §7 #7
         assert t.lookup(target) == floor_oracle(keys, entries, target, (-1, BASE)), target
     assert t.lookup(1009) == (-1, BASE)  # below the first entry
     assert t.lookup(1010) == entries[0]
+
+
+@pytest.mark.parametrize("make", [offset_index, time_index])
+def test_an_entry_past_the_last_is_refused(tmp_path, make):
+    """Kafka's TimeIndexTest.testEntryOverflow: asking for an entry the index does not hold
+    (an empty index's first, or one past the last) is an error, not the zero padding there."""
+    idx = make(tmp_path)
+    for slot in (0, -1):
+        with pytest.raises(InvalidArgumentError, match="which has 0 entries"):
+            idx.entry(slot)
+    if isinstance(idx, TimeIndex):
+        idx.maybe_append(1000, BASE + 1)
+    else:
+        idx.append(BASE + 1, 0)
+    assert idx.entry(0)[0 if isinstance(idx, OffsetIndex) else 1] == BASE + 1
+    with pytest.raises(InvalidArgumentError, match="no entry 1 in"):
+        idx.entry(1)
 
 
 def test_time_index_equal_timestamp_skipped_smaller_rejected(tmp_path):
