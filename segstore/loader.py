@@ -243,7 +243,12 @@ def recover_segment(seg: LogSegment, config, next_base: Optional[int] = None) ->
     # recovered after a crash kept two index files of 10 MiB until a clean close, and another
     # crash left them so for the next open (and for a Kafka broker, which reads a whole index
     # file as entries). The active segment's grow again (prepare_for_appends).
-    # (Kafka's recover also appends the final time-index entry here; segstore's close does.)
+    # The final time-index entry goes in now, as Kafka's recover does, not at close: a crash
+    # before the close would otherwise leave a sealed segment whose largest timestamp the
+    # file does not give (Kafka reads it from that entry). The rebuild left room for it.
+    if seg.max_timestamp_so_far >= 0:
+        seg.time_index.maybe_append(seg.max_timestamp_so_far, seg.offset_of_max_timestamp,
+                                    skip_full_check=True)
     seg.offset_index.trim_to_valid_size()
     seg.time_index.trim_to_valid_size()
     return lost

@@ -530,6 +530,9 @@ def test_recovery_repairs_garbage_indexes(tmp_path):  # REF §7 #22
     for idx in (seg.offset_index, seg.time_index):
         idx._mm[: idx.entries * idx.entry_size] = os.urandom(idx.entries * idx.entry_size)
     assert recover_segment(seg, seg.config) == 0
+    # Recovery also appends the final time-index entry (REF §4.3 step 4), as a roll does.
+    want[1].append((seg.max_timestamp_so_far, seg.offset_of_max_timestamp))
+    assert want[1][-1] == (2029, 89)
     assert index_entries(seg) == want
     assert read_offsets(seg, 45)[0] == 45
 
