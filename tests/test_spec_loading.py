@@ -12,9 +12,12 @@ import os
 import shutil
 import struct
 
+import pytest
+
 import segstore
 from segstore.checkpoint import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
                                  RECOVERY_POINT_CHECKPOINT, OffsetCheckpointFile)
+from segstore.errors import OffsetOutOfRangeError
 from segstore.records import ControlRecordType, TopicPartition
 
 from conftest import FakeClock, batch_spans
@@ -415,3 +418,24 @@ def test_a_readonly_open_of_a_crashed_directory_writes_nothing(tmp_path):
         lg.read(12, max_records=2)
         lg.last_stable_offset, lg.active_producers(), s.verify()
     assert _tree(tmp_path) == before
+
+
+def test_a_readonly_open_with_the_log_start_checkpoint_past_the_log_end_deletes_nothing(
+        tmp_path):
+    """REF §4.2 step 8 is a writer's: a read-only open of a log whose checkpointed log start
+    lies past its log end deletes no segment and reports an empty log at its log end
+    (start = end); the next writable open applies step 8 (see architecture.md, read-only
+    readers)."""
+    root = _store(tmp_path, n=20)
+    _write_checkpoint(root, LOG_START_OFFSET_CHECKPOINT, {TopicPartition("t", 0): 25})
+    before = _tree(tmp_path)
+    with segstore.open(root, readonly=True) as s:
+        lg = s.partition("t", 0)
+        assert (lg.log_start_offset, lg.log_end_offset) == (20, 20)
+        assert lg.read(20) == []
+        with pytest.raises(OffsetOutOfRangeError):
+            lg.read(0)
+    assert _tree(tmp_path) == before
+    with segstore.open(root) as s:
+        lg = s.partition("t", 0)
+        assert (lg.log_start_offset, lg.log_end_offset) == (25, 25)
