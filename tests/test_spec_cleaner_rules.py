@@ -349,3 +349,45 @@ def test_cleaned_segment_takes_the_last_source_segments_mtime(store, clock):
     assert [s.base_offset for s in lg.segments] == [0, 3]   # one group, one output segment
     assert lg.segments[0].last_modified_ms == last_mtime
     assert int(os.stat(lg.segments[0].log_path).st_mtime * 1000) == last_mtime
+
+
+# -- segstore's purge rounds (design §5: tombstones never survive forever) -------------------------
+
+@pytest.mark.xfail(strict=True, reason="purge rounds repeat forever on tombstones past the "
+                                       "first dirty offset that no round can reach")
+def test_purge_round_is_due_only_for_what_a_round_can_remove(tmp_path, clock):
+    """REF §6.3/§6.8 with segstore's purge rounds: a round removes a past-horizon tombstone
+    only at offsets it maps or below the first dirty offset. A partial round (full map) leaves
+    the first dirty offset inside a segment whose later tombstone it stamped; when that
+    segment becomes uncleanable (min.compaction.lag.ms raised), no round can reach the
+    tombstone, so the log is not due for a purge (it was picked again after every round, each
+    rewriting the log unchanged). Once the segment is cleanable again, a round removes it."""
+    st = segstore.open(str(tmp_path / "s"), clock=clock,
+                       config={"log.cleaner.dedupe.buffer.size": 24 * 4,
+                               "log.cleaner.io.buffer.load.factor": 0.75})   # 3 keys a round
+    try:
+        st.create_topic("t", 1, config={"cleanup.policy": "compact", "delete.retention.ms": 1000,
+                                        "min.cleanable.dirty.ratio": 0.99})
+        lg = st.partition("t", 0)
+        for i in range(3):
+            lg.append_batch([b"v"], keys=[b"k%d" % i], timestamps_ms=[T0])
+        lg.append_batch([None], keys=[b"k9"], timestamps_ms=[T0])   # 3: past the full map
+        lg.roll()
+        lg.append_batch([b"x"], keys=[b"k0"], timestamps_ms=[T0])   # the active segment
+        mgr = st.cleaner_manager
+        ltc = mgr.grab_log(("t", 0), clock.now, force=True)   # one round (compact runs more)
+        stats = st.cleaner.clean_log(-1, ltc, clock.now, raise_errors=True)
+        assert (stats.map_full, stats.end_offset) == (True, 3)
+        assert batches(lg)[3]["attributes"] & ATTR_DELETE_HORIZON  # stamped beyond the map
+        st.alter_topic_config("t", set={"min.compaction.lag.ms": 10_000})
+        clock.now = T0 + 2000                                       # horizon passed
+        assert mgr.log_to_clean(lg, 3, clock.now).first_uncleanable_offset == 0
+        assert mgr.grab_filthiest_compacted_log(clock.now) is None
+        assert st.compact("t", 0) == []
+        st.alter_topic_config("t", delete=["min.compaction.lag.ms"])
+        [stats] = st.compact("t", 0)
+        assert stats.end_offset == 4
+        assert [k for _, k, _, _ in records(lg)] == [b"k1", b"k2", b"k0"]
+        assert mgr.grab_filthiest_compacted_log(clock.now) is None
+    finally:
+        st.close()
