@@ -61,9 +61,11 @@ _HORIZONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _horizon_batches(seg) -> tuple:
-    """(delete horizon, tombstones, is control) of each of the segment's batches that carries a
-    KIP-534 delete horizon, cached per segment object and size (a sealed segment never changes;
-    cleaning makes new objects), so selection passes and ``describe`` read a segment once."""
+    """(delete horizon, tombstones, is control, first removable offset) of each of the
+    segment's batches that carries a KIP-534 delete horizon (the first removable offset: its
+    first tombstone's, or a control batch's base offset; None when it has neither), cached per
+    segment object and size (a sealed segment never changes; cleaning makes new objects), so
+    selection passes and ``describe`` read a segment once."""
     from .. import _core
     cached = _HORIZONS.get(seg)
     if cached is not None and cached[0] == seg.size:
@@ -73,29 +75,42 @@ def _horizon_batches(seg) -> tuple:
         b = seg.scan(0).batches
         marked = b[((b["attributes"] & 0x40) != 0) & (b["magic"] == 2)]
         buf = seg.buffer(seg.size) if len(marked) else None
-        for pos, size, attrs, horizon in zip(marked["position"], marked["size"],
-                                             marked["attributes"], marked["base_timestamp"]):
+        for pos, size, attrs, horizon, base in zip(marked["position"], marked["size"],
+                                                   marked["attributes"],
+                                                   marked["base_timestamp"],
+                                                   marked["base_offset"]):
             cols = _core.decode_columns(buf, int(pos), int(pos + size), validate_crc=False)
-            rows.append((int(horizon), int((~cols.values.valid).sum()), bool(attrs & 0x20)))
+            tomb = ~cols.values.valid
+            control = bool(attrs & 0x20)
+            first = (int(base) if control else
+                     int(cols.offsets[tomb][0]) if tomb.any() else None)
+            rows.append((int(horizon), int(tomb.sum()), control, first))
     _HORIZONS[seg] = (seg.size, tuple(rows))
     return _HORIZONS[seg][1]
 
 
-def earliest_delete_horizon(segments) -> Optional[int]:
+def earliest_delete_horizon(segments, below: Optional[int] = None) -> Optional[int]:
     """Smallest KIP-534 delete horizon of a batch that still holds a tombstone or is a control
     batch, among the segments (None when there is none): when it passes, a cleaning would
-    remove something."""
-    found = [h for seg in segments for h, tombstones, control in _horizon_batches(seg)
-             if tombstones or control]
+    remove something. With ``below``, only batches with such a record below that offset
+    count (a round cannot remove one it does not reach)."""
+    found = [h for seg in segments for h, _, _, first in _horizon_batches(seg)
+             if first is not None and (below is None or first < below)]
     return min(found) if found else None
 
 
 def tombstones_awaiting_horizon(segments, now: int) -> tuple:
     """(tombstones, the latest delete horizon) of batches whose KIP-534 delete horizon is still
     ahead of ``now``: what the next cleaning after that horizon will remove."""
-    waiting = [(h, tombstones) for seg in segments for h, tombstones, _ in _horizon_batches(seg)
-               if h > now]
+    waiting = [(h, tombstones) for seg in segments
+               for h, tombstones, _, _ in _horizon_batches(seg) if h > now]
     return sum(t for _, t in waiting), max((h for h, _ in waiting), default=-1)
+
+
+def purge_reach(first_dirty: int, first_uncleanable: int) -> int:
+    """The offset below which a round can remove past-horizon tombstones and markers: the
+    first dirty offset, or the first uncleanable one when the round maps up to it."""
+    return max(first_dirty, first_uncleanable)
 
 
 @dataclass
@@ -343,9 +358,14 @@ class LogCleanerManager:
 
     @staticmethod
     def _purge_due(ltc: LogToClean, now: int) -> bool:
+        # A round removes a past-horizon tombstone or marker only below where its map ends:
+        # below the first dirty offset, or further where the dirty section is cleanable. One
+        # beyond that (stamped by a round whose map filled up, in a segment that has become
+        # uncleanable since) would make every round a purge that removes nothing.
         clean = [s for s in segments_in_range(ltc.log.segments, 0, ltc.first_dirty_offset)
                  if s.base_offset < ltc.first_dirty_offset]
-        h = earliest_delete_horizon(clean)
+        h = earliest_delete_horizon(clean, purge_reach(ltc.first_dirty_offset,
+                                                       ltc.first_uncleanable_offset))
         ltc.purge_due = h is not None and h <= now
         return ltc.purge_due
 

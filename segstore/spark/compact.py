@@ -56,12 +56,13 @@ def _needs_cleaning(store, topic: str, partition: int, force: bool,
     d = manager.describe(topic, partition, now_ms=now_ms)
     if d["eligible"] or (force and d["cleanable_bytes"] > 0):
         return True
-    from ..cleaner.manager import earliest_delete_horizon, segments_in_range
+    from ..cleaner.manager import earliest_delete_horizon, purge_reach, segments_in_range
 
     first_dirty = d["first_dirty_offset"]
     clean = [s for s in segments_in_range(store.partition(topic, partition).segments, 0,
                                           first_dirty) if s.base_offset < first_dirty]
-    horizon = earliest_delete_horizon(clean)
+    horizon = earliest_delete_horizon(clean, purge_reach(first_dirty,
+                                                         d["first_uncleanable_offset"]))
     now = now_argument(now_ms, store.clock)
     return horizon is not None and horizon <= now
 
