@@ -828,6 +828,31 @@ def test_murmur2_partitions_vectorized(keys100k, kp_hashes, n):
     assert got.tolist() == [-1 if k is None else _core.murmur2_partition(k, n) for k in keys]
 
 
+def test_murmur2_partitions_division_is_exact_for_any_partition_count(keys100k, kp_hashes):
+    """The vectorized modulo is a multiply (Lemire's fastmod), not a divide: it must equal
+    Python's % for every count a topic can have, the edges of each power of two included."""
+    keys, hashes = keys100k[:3000], kp_hashes[:3000]
+    col = BinaryColumn.from_pylist(keys)
+    rng = np.random.default_rng(11)
+    counts = {1, 2, 3, 5, 6, 7, 9, 255, 641, 6700417, 2**31 - 1, 2**31 - 2, 2**30 + 1}
+    for e in range(1, 31):
+        counts |= {2**e - 1, 2**e, 2**e + 1}
+    counts |= set(rng.integers(1, 2**31, 40).tolist())
+    positive = [h & 0x7FFFFFFF for h in hashes]
+    for n in sorted(counts):
+        got = _core.murmur2_partitions(col, n).tolist()
+        assert got == [h % n for h in positive], n
+
+
+def test_murmur2_of_every_short_length():
+    """Each key length 0-40 (every tail of the 4-byte block loop), at every alignment."""
+    raw = np.random.default_rng(8).integers(0, 256, 64, dtype=np.uint8).tobytes()
+    for length in range(41):
+        for start in range(4):
+            k = raw[start:start + length]
+            assert _core.murmur2(memoryview(raw)[start:start + length]) == signed32(kp_murmur2(k))
+
+
 def test_murmur2_partitions_of_fixed_width_keys():
     mat = np.random.default_rng(3).integers(0, 256, (500, 8), dtype=np.uint8)
     col = BinaryColumn.from_fixed(mat)

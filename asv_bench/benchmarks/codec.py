@@ -360,3 +360,38 @@ class RatioCRC:
             lambda: _crc32c_whole(self.buf),
             lambda: _segstore_crc_validate(self.buf), self.repeats)
         return _ratio(t_crc32c, t_segstore)
+
+
+class Partitioner:
+    """Kafka's default partitioner over the data set's 16-byte keys into 4 partitions:
+    ``murmur2_partitions`` over a key column (what a Spark write routes every input batch
+    with) against kafka-python's ``murmur2`` called per key, the pure-Python way, on the
+    first 100,000 keys (both sides the same keys). No target: it tracks the routing kernel."""
+
+    setup_cache = codec_dataset_cache
+    unit = "x"
+    timeout = 300
+    repeats = 3
+    N_KEYS = 100_000
+
+    def setup(self, meta):
+        from kafka.partitioner.default import murmur2
+
+        keys, _, _ = load_columns(meta)
+        self.keys_col = BinaryColumn.from_fixed(keys)
+        self.some_col = BinaryColumn.from_fixed(keys[:self.N_KEYS])
+        self.some_list = bytes_list(keys[:self.N_KEYS])
+        self.kafka_murmur2 = murmur2
+
+    def _kafka_python(self):
+        return [(self.kafka_murmur2(k) & 0x7FFFFFFF) % 4 for k in self.some_list]
+
+    def time_murmur2_partitions_segstore(self, meta):
+        """All 1M keys."""
+        _core.murmur2_partitions(self.keys_col, 4)
+
+    def track_ratio_murmur2_partitions_vs_kafka_python(self, meta):
+        t_kafka, t_segstore = best_of_pair(
+            self._kafka_python, lambda: _core.murmur2_partitions(self.some_col, 4),
+            self.repeats)
+        return _ratio(t_kafka, t_segstore)
