@@ -141,6 +141,8 @@ cdef struct ColumnSink:
     ColumnCounts at         # running totals: where the next record's output goes
     ColumnCounts cap        # filling: the ends no write may pass (unused when counting)
     Py_ssize_t prefetch     # filling from memory: how far ahead to prefetch (0: not)
+    const uint8_t* next     # the next batch's bytes not yet prefetched, up to next_end
+    const uint8_t* next_end #   (asked for a few lines per record while this batch is parsed)
 
 
 cdef inline ColumnCounts _counts_sum(const ColumnCounts* a, const ColumnCounts* b) noexcept nogil:
@@ -224,6 +226,14 @@ cdef int decode_region_columns(const Region* reg, const BatchHeader* h, int64_t 
             while fetched < ahead and k < PREFETCH_LINES:
                 SEGSTORE_PREFETCH(b + fetched)
                 fetched += 64
+                k += 1
+        if s.next < s.next_end:
+            # The next batch's lines, while this one is parsed in the cache: its CRC then
+            # reads them from the cache, not from memory.
+            k = 0
+            while s.next < s.next_end and k < PREFETCH_LINES:
+                SEGSTORE_PREFETCH(s.next)
+                s.next += 64
                 k += 1
         st = parse_record(b, &pos, reg.end, &r)
         if st != ST_OK:

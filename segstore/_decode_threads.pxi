@@ -10,6 +10,18 @@ cdef struct BatchOut:
     ColumnCounts start      # where its output starts
 
 
+cdef inline void _prefetch_next(ColumnSink* s, const Region* nxt) noexcept nogil:
+    """Have the decode of a batch prefetch the bytes of the next one (``nxt``), which a pass
+    that checks each batch's CRC before parsing it reads next: the CRC then runs over cached
+    lines, while the parse of this batch, which waits on no memory, hides the fetch."""
+    if nxt.crc_pending:   # the whole batch, as its CRC reads it
+        s.next = nxt.data + nxt.header.position
+        s.next_end = s.next + nxt.header.size
+    else:
+        s.next = nxt.data + nxt.start
+        s.next_end = nxt.data + nxt.end
+
+
 cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
                         int64_t lo, int64_t hi, bint headers, BatchOut* outs) except -1:
     """Counting pass over regions [i0, i1): CRC then sizes, per batch (without the GIL unless
@@ -32,6 +44,8 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
                 outs[i].err_pos = h.position
                 return 0
             memset(&s, 0, sizeof(ColumnSink))
+            if i + 1 < i1:
+                _prefetch_next(&s, &regs.items[i + 1])
             outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers, &s,
                                                    NULL, &outs[i].err_pos)
             outs[i].size = s.at
@@ -51,6 +65,7 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
     cdef Py_ssize_t i
     cdef ColumnSink s
     cdef BatchOut* o
+    cdef const Region* nxt
     cdef ColumnStreams* out = NULL
     cdef ColumnCounts end
     cdef int st
@@ -63,6 +78,12 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
         s.at = o.start
         s.cap = _counts_sum(&o.start, &o.size)
         s.prefetch = PREFETCH_DIST
+        if i + 1 < i1:
+            # The prefetch runs s.prefetch bytes ahead within a batch: the next batch's first
+            # bytes are asked for here.
+            nxt = &regs.items[i + 1]
+            s.next = nxt.data + nxt.start
+            s.next_end = s.next + min(PREFETCH_DIST, nxt.end - nxt.start)
         if out != NULL and not _counts_equal(&o.start, &end):
             _close_streams(out)   # not where the last batch ended: start the streams anew
             out = NULL
@@ -104,6 +125,8 @@ cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, in
             outs[i].status = ST_CRC
             outs[i].err_pos = h.position
             break
+        if i + 1 < i1:
+            _prefetch_next(s, &regs.items[i + 1])
         outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, False, s, out,
                                                &outs[i].err_pos)
         if outs[i].status != ST_OK:
