@@ -19,6 +19,17 @@ def _set_prefetch(Py_ssize_t dist):
     return old
 
 
+cdef inline const uint8_t* _prefetch_lines(const uint8_t* p, const uint8_t* end) noexcept nogil:
+    """Ask for up to PREFETCH_LINES lines from ``p`` on, none at or past ``end``; returns where
+    the next ask starts."""
+    cdef int k = 0
+    while p < end and k < PREFETCH_LINES:
+        SEGSTORE_PREFETCH(p)
+        p += 64
+        k += 1
+    return p
+
+
 cdef inline int parse_record(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end,
                       RecordView* r) noexcept nogil:
     """Parse one v2 record at pos[0] (REF §1.7); every length is checked against its record end."""
@@ -216,25 +227,17 @@ cdef int decode_region_columns(const Region* reg, const BatchHeader* h, int64_t 
         err_pos[0] = reg.position
         return ST_RECORD_COUNT
     cdef Py_ssize_t ahead = 0, fetched = pos + s.prefetch
-    cdef int k
     for j in range(h.records_count):
         if s.prefetch:
             # Ask for the lines s.prefetch bytes ahead, a few per record: the hardware's own
             # prefetcher alone left the parser waiting on memory at each record.
             ahead = min(pos + s.prefetch, reg.end)
-            k = 0
-            while fetched < ahead and k < PREFETCH_LINES:
-                SEGSTORE_PREFETCH(b + fetched)
-                fetched += 64
-                k += 1
+            if fetched < ahead:
+                fetched = _prefetch_lines(b + fetched, b + ahead) - b
         if s.next < s.next_end:
             # The next batch's lines, while this one is parsed in the cache: its CRC then
             # reads them from the cache, not from memory.
-            k = 0
-            while s.next < s.next_end and k < PREFETCH_LINES:
-                SEGSTORE_PREFETCH(s.next)
-                s.next += 64
-                k += 1
+            s.next = _prefetch_lines(s.next, s.next_end)
         st = parse_record(b, &pos, reg.end, &r)
         if st != ST_OK:
             err_pos[0] = reg.position

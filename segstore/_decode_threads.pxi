@@ -11,10 +11,13 @@ cdef struct BatchOut:
 
 
 cdef inline void _prefetch_next(ColumnSink* s, const Region* nxt) noexcept nogil:
-    """Have the decode of a batch prefetch the bytes of the next one (``nxt``), which a pass
-    that checks each batch's CRC before parsing it reads next: the CRC then runs over cached
-    lines, while the parse of this batch, which waits on no memory, hides the fetch."""
-    if nxt.crc_pending:   # the whole batch, as its CRC reads it
+    """Have the decode of a batch prefetch the bytes of the next one (``nxt``; NULL: none),
+    which a pass that checks each batch's CRC before parsing it reads next: the CRC then runs
+    over cached lines, while the parse of this batch, which waits on no memory, hides the
+    fetch."""
+    if nxt == NULL:
+        s.next = s.next_end = NULL
+    elif nxt.crc_pending:   # the whole batch, as its CRC reads it
         s.next = nxt.data + nxt.header.position
         s.next_end = s.next + nxt.header.size
     else:
@@ -125,8 +128,7 @@ cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, in
             outs[i].status = ST_CRC
             outs[i].err_pos = h.position
             break
-        if i + 1 < i1:
-            _prefetch_next(s, &regs.items[i + 1])
+        _prefetch_next(s, &regs.items[i + 1] if i + 1 < i1 else NULL)
         outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, False, s, out,
                                                &outs[i].err_pos)
         if outs[i].status != ST_OK:

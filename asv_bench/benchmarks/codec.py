@@ -125,6 +125,9 @@ def _crc32c_whole(buf):
     crc32c.crc32c(buf)
 
 
+SMALL_BATCHES = 50   # a range read under the column decode's two-thread threshold (8 MiB)
+
+
 def _ratio(t_baseline, t_segstore):
     return round(t_baseline / t_segstore, 3)
 
@@ -268,6 +271,16 @@ class RatioDecode:
 
     def track_ratio_decode_columns_vs_aiokafka(self, meta):
         return self._columns_ratio()
+
+    def track_ratio_decode_columns_small_vs_aiokafka(self, meta):
+        """The first SMALL_BATCHES batches (50,000 records, about 6.3 MB): a range read below
+        the two-thread threshold, decoded on one thread (the size most range reads have)."""
+        small = self.buf[:sum(meta["sizes"][:SMALL_BATCHES])]
+        batches = self.batches[:SMALL_BATCHES]
+        t_aiokafka, t_segstore = best_of_pair(
+            lambda: _aiokafka_decode(self.batch_cls, batches),
+            lambda: _segstore_decode_columns(small), 4 * self.repeats)
+        return _ratio(t_aiokafka, t_segstore)
 
     def track_ratio_decode_columns_unpooled_vs_aiokafka(self, meta):
         """The same with segstore's buffer pool off: every output array in fresh memory (the
