@@ -204,6 +204,55 @@ cdef inline int _copy_headers(const uint8_t* b, Py_ssize_t hp, Py_ssize_t end, i
     return ST_OK
 
 
+cdef inline bint count_region_sizes(const Region* reg, const BatchHeader* h,
+                                    ColumnSink* s) noexcept nogil:
+    """Add to ``s.at`` the records and key and value bytes of a batch all of whose records the
+    decode selects, without headers: all that placing its output needs. Returns False,
+    leaving ``s.at`` as it was, at anything unusual; the caller then counts the batch in
+    full, which names the damage.
+
+    Only the lengths are read, each checked against its record's end, so the walk stays in
+    the batch; the deltas and headers are checked by the fill, which parses every record in
+    full and fails on a batch that does not fill its place exactly."""
+    cdef const uint8_t* b = reg.data
+    cdef Py_ssize_t pos = reg.start, end = reg.end, p, rec_end
+    cdef int32_t j, length, klen, vlen
+    cdef int64_t kb = 0, vb = 0
+    if h.records_count < 0:
+        return False
+    for j in range(h.records_count):
+        if s.next < s.next_end:
+            s.next = _prefetch_lines(s.next, s.next_end)
+        if read_varint_fast(b, &pos, end, &length) != ST_OK or length <= 0 or length > end - pos:
+            return False
+        rec_end = pos + length
+        p = pos + 1                   # attributes
+        while p < rec_end and b[p] >= 0x80:   # the timestamp delta: only its end matters
+            p += 1
+        p += 1
+        while p < rec_end and b[p] >= 0x80:   # the offset delta
+            p += 1
+        p += 1                        # past rec_end only on damage: the next read fails
+        if (read_varint_fast(b, &p, rec_end, &klen) != ST_OK or klen < -1
+                or klen > rec_end - p):
+            return False
+        if klen > 0:
+            p += klen
+            kb += klen
+        if (read_varint_fast(b, &p, rec_end, &vlen) != ST_OK or vlen < -1
+                or vlen > rec_end - p):
+            return False
+        if vlen > 0:
+            vb += vlen
+        pos = rec_end
+    if pos != end:
+        return False
+    s.at.n += h.records_count
+    s.at.key_bytes += kb
+    s.at.value_bytes += vb
+    return True
+
+
 cdef int decode_region_columns(const Region* reg, const BatchHeader* h, int64_t min_offset,
                                int64_t end_offset, Py_ssize_t max_records, bint headers,
                                ColumnSink* s, ColumnStreams* out,

@@ -49,8 +49,11 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
             memset(&s, 0, sizeof(ColumnSink))
             if i + 1 < i1:
                 _prefetch_next(&s, &regs.items[i + 1])
-            outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers, &s,
-                                                   NULL, &outs[i].err_pos)
+            if (headers or h.base_offset < lo or h.last_offset >= hi
+                    or not count_region_sizes(reg, h, &s)):
+                memset(&s.at, 0, sizeof(ColumnCounts))
+                outs[i].status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers,
+                                                       &s, NULL, &outs[i].err_pos)
             outs[i].size = s.at
         if outs[i].status != ST_OK:
             return 0
@@ -95,14 +98,28 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
         st = decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit, headers,
                                    &s, out, &o.err_pos)
         if st != ST_OK or not _counts_equal(&s.at, &s.cap):
-            o.status = ST_CHANGED
-            o.err_pos = regs.items[i].position
+            o.status = _recount(&regs.items[i], lo, hi, headers, &o.err_pos)
             break
         end = s.at
         _release_batch(&regs.items[i], &run_lo, &run_hi, False)
     if out != NULL:
         _close_streams(out)
     _release_batch(NULL, &run_lo, &run_hi, True)
+
+
+cdef int _recount(const Region* reg, int64_t lo, int64_t hi, bint headers,
+                  Py_ssize_t* err_pos) noexcept nogil:
+    """The status of a batch the fill found damaged: its damage, named by a full count (the
+    counting pass may have read only its lengths), or ST_CHANGED when it counts cleanly now
+    (its bytes changed between the passes)."""
+    cdef ColumnSink s
+    memset(&s, 0, sizeof(ColumnSink))
+    cdef int st = decode_region_columns(reg, reg.header, lo, hi, INT64_MAX_C, headers, &s, NULL,
+                                        err_pos)
+    if st == ST_OK:
+        err_pos[0] = reg.position
+        return ST_CHANGED
+    return st
 
 
 cdef enum:
@@ -305,10 +322,29 @@ cdef int64_t _count_regions(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1, list f
         other.result()
     elif i0 < i1:
         job.count(i0, i1)
+    for i in range(i0, i1):
+        if job.outs[i].status != ST_OK:
+            # Damage: the batches before it, maybe counted by their lengths only, are counted
+            # in full, so the first damaged batch in order is the one named.
+            _recount_before(job, i0, i)
+            break
     _raise_first(job, i0, i1, files)
     for i in range(i0, i1):
         n += job.outs[i].size.n
     return n
+
+
+cdef void _recount_before(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1) noexcept:
+    """Count regions [i0, i1), whose CRCs passed, in full, recording the first damage."""
+    cdef Py_ssize_t i
+    cdef ColumnSink s
+    for i in range(i0, i1):
+        memset(&s, 0, sizeof(ColumnSink))
+        job.outs[i].status = decode_region_columns(&job.regs.items[i], job.regs.items[i].header,
+                                                   job.lo, job.hi, INT64_MAX_C, job.headers,
+                                                   &s, NULL, &job.outs[i].err_pos)
+        if job.outs[i].status != ST_OK:
+            return
 
 
 cdef int _raise_after(_DecodeJob job, Py_ssize_t counted, list files, int status,
