@@ -167,8 +167,10 @@ cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, in
 # the buffer pool). Since the head's copy prefetches and large outputs are streamed, the
 # head's copy costs less per byte; measured with the log out of the caches before each run
 # (as when a benchmark's peer runs in between): 0.38 took 21.4 ms, 0.41 20.4 - 20.7, 0.44
-# 20.4 - 20.9, 0.47 21.0, 0.5 21.4 - 21.6.
-cdef double TAIL_SHARE = 0.43
+# 20.4 - 20.9, 0.47 21.0, 0.5 21.4 - 21.6. With the head counted by its lengths only, on
+# the AMD VM (shares alternated in one process, the log out of the caches, best of 7, median
+# of 8 rounds): 0.43 took 17.3 ms, 0.46 15.9, 0.48 15.5, 0.5 15.9, 0.58 17.5.
+cdef double TAIL_SHARE = 0.48
 
 
 def _set_tail_share(double share):
