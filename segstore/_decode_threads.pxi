@@ -107,15 +107,22 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
     _release_batch(NULL, &run_lo, &run_hi, True)
 
 
+cdef inline int _count_full(const Region* reg, int64_t lo, int64_t hi, bint headers,
+                            Py_ssize_t* err_pos) noexcept nogil:
+    """A full count of one batch (every field parsed), for its status alone: how damage met
+    after a lengths-only count is named."""
+    cdef ColumnSink s
+    memset(&s, 0, sizeof(ColumnSink))
+    return decode_region_columns(reg, reg.header, lo, hi, INT64_MAX_C, headers, &s, NULL,
+                                 err_pos)
+
+
 cdef int _recount(const Region* reg, int64_t lo, int64_t hi, bint headers,
                   Py_ssize_t* err_pos) noexcept nogil:
     """The status of a batch the fill found damaged: its damage, named by a full count (the
     counting pass may have read only its lengths), or ST_CHANGED when it counts cleanly now
     (its bytes changed between the passes)."""
-    cdef ColumnSink s
-    memset(&s, 0, sizeof(ColumnSink))
-    cdef int st = decode_region_columns(reg, reg.header, lo, hi, INT64_MAX_C, headers, &s, NULL,
-                                        err_pos)
+    cdef int st = _count_full(reg, lo, hi, headers, err_pos)
     if st == ST_OK:
         err_pos[0] = reg.position
         return ST_CHANGED
@@ -339,12 +346,9 @@ cdef int64_t _count_regions(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1, list f
 cdef void _recount_before(_DecodeJob job, Py_ssize_t i0, Py_ssize_t i1) noexcept:
     """Count regions [i0, i1), whose CRCs passed, in full, recording the first damage."""
     cdef Py_ssize_t i
-    cdef ColumnSink s
     for i in range(i0, i1):
-        memset(&s, 0, sizeof(ColumnSink))
-        job.outs[i].status = decode_region_columns(&job.regs.items[i], job.regs.items[i].header,
-                                                   job.lo, job.hi, INT64_MAX_C, job.headers,
-                                                   &s, NULL, &job.outs[i].err_pos)
+        job.outs[i].status = _count_full(&job.regs.items[i], job.lo, job.hi, job.headers,
+                                         &job.outs[i].err_pos)
         if job.outs[i].status != ST_OK:
             return
 
