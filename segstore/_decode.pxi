@@ -114,6 +114,22 @@ cdef inline void _release_batch(const Region* reg, size_t* run_lo, size_t* run_h
         run_lo[0] = run_hi[0] & ~(PAGE - 1)  # the page the run ends in goes with the next run
 
 
+cdef inline void _release_batch_before(const Region* reg, size_t* run_lo, size_t* run_hi,
+                                       bint last) noexcept nogil:
+    """_release_batch for batches copied last first: a run grows downwards."""
+    cdef size_t a, b
+    if reg != NULL and reg.release:
+        a = <size_t>(reg.data + reg.header.position)
+        b = a + <size_t>reg.header.size
+        if run_lo[0] != b:  # not adjacent: drop the run so far, start a new one
+            _release_range(run_lo[0], run_hi[0])
+            run_hi[0] = b
+        run_lo[0] = a
+    if last or run_hi[0] - run_lo[0] >= RELEASE_BYTES:
+        _release_range(run_lo[0], run_hi[0])
+        run_hi[0] = (run_lo[0] + PAGE - 1) & ~(PAGE - 1)  # its first page goes with the next run
+
+
 include "_decode_threads.pxi"
 
 
@@ -426,17 +442,19 @@ def _set_stream_min_bytes(int64_t n):
 
 cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
     """Pass 2: every placed batch copied to its place, on two threads when they are large;
-    with a one-pass tail, one thread copies them while the other checks and copies the tail
-    from where they end. Raises the first damage in batch order."""
+    with a one-pass tail, one thread copies them from the first on while the other checks and
+    copies the tail from where they end, then copies them from the last on until the two
+    meet. Raises the first damage in batch order."""
     cdef _Regions regs = job.regs
     cdef Py_ssize_t split
     if tail < regs.n:
         job.tail = job.sink
         job.tail.at = job.total
         job.tail.cap = job.cap
+        job.claim = <uint64_t>tail   # front 0, back tail
         other = _second_core(job.fill_tail, tail, regs.n)
-        if job.total.n:
-            job.fill(0, tail)
+        if _head_from_front:
+            job.fill_head(tail)
         other.result()
     elif job.total.n:
         split = _split_point(regs, 0, regs.n)
@@ -450,6 +468,16 @@ cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
 
 
 _between_passes = None
+_head_from_front = True
+
+
+def _set_head_from_front(bint on):
+    """Tests: whether the first thread fills the head of a decode with a one-pass tail (off:
+    the tail's thread fills all of it, from the back). Returns the previous setting."""
+    global _head_from_front
+    old = _head_from_front
+    _head_from_front = on
+    return old
 
 
 def _set_between_passes(hook):
