@@ -441,10 +441,10 @@ def _set_stream_min_bytes(int64_t n):
 
 
 cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
-    """Pass 2: every placed batch copied to its place, on two threads when they are large;
-    with a one-pass tail, one thread copies them from the first on while the other checks and
-    copies the tail from where they end, then copies them from the last on until the two
-    meet. Raises the first damage in batch order."""
+    """Pass 2: every placed batch copied to its place, on two threads when they are large:
+    one copies them from the first on, the other from the last on, until the two meet. With
+    a one-pass tail, the other thread first checks and copies the tail from where the placed
+    batches end. Raises the first damage in batch order."""
     cdef _Regions regs = job.regs
     cdef Py_ssize_t split
     if tail < regs.n:
@@ -458,9 +458,13 @@ cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
         other.result()
     elif job.total.n:
         split = _split_point(regs, 0, regs.n)
-        if split < regs.n:
-            other = _second_core(job.fill, split, regs.n)
-            job.fill(0, split)
+        if split < regs.n and regs.n <= 0x7fffffff:   # the claim word's halves
+            # Every batch is placed: one thread takes them from the front, the other from
+            # the back, so neither waits on a slower half.
+            job.claim = <uint64_t>regs.n
+            other = _second_core(job.fill_back)
+            if _head_from_front:
+                job.fill_head(regs.n)
             other.result()
         else:
             job.fill(0, regs.n)
@@ -472,8 +476,8 @@ _head_from_front = True
 
 
 def _set_head_from_front(bint on):
-    """Tests: whether the first thread fills the head of a decode with a one-pass tail (off:
-    the tail's thread fills all of it, from the back). Returns the previous setting."""
+    """Tests: whether the first thread of a two-thread fill takes batches from the front (off:
+    the other thread fills them all, from the back). Returns the previous setting."""
     global _head_from_front
     old = _head_from_front
     _head_from_front = on

@@ -372,11 +372,18 @@ cdef class _DecodeJob:
             _fill_batches(self.regs, i0, i1, self.lo, self.hi, self.limit, self.headers,
                           self.stream, &self.sink, self.outs, NULL)
 
-    def fill_head(self, Py_ssize_t tail):
-        """The head's fill from the front, sharing its batches with fill_tail's thread."""
+    def fill_head(self, Py_ssize_t n):
+        """The fill from the front of batches [0, n), shared with the thread of fill_tail or
+        fill_back."""
         with nogil:
-            _fill_batches(self.regs, 0, tail, self.lo, self.hi, self.limit, self.headers,
+            _fill_batches(self.regs, 0, n, self.lo, self.hi, self.limit, self.headers,
                           self.stream, &self.sink, self.outs, &self.claim)
+
+    def fill_back(self):
+        """The fill from the back, sharing the batches with fill_head's thread."""
+        with nogil:
+            _fill_from_back(self.regs, self.lo, self.hi, self.limit, self.headers,
+                            self.stream, &self.sink, self.outs, &self.claim)
 
     def fill_tail(self, Py_ssize_t i0, Py_ssize_t i1):
         """The one-pass tail, then whatever head batches fill_head has not taken yet."""

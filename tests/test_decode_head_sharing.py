@@ -1,12 +1,11 @@
-"""The head of a large column decode, shared by its two threads.
+"""The placed batches of a large column decode, shared by its two threads.
 
-With a one-pass tail, the first thread fills the counted head from the front while the other
-thread checks and copies the tail; when the tail is done, that thread takes head batches from
-the back until the two meet (a claim word both advance with compare-and-swap). Whatever the
-split, every record must land in its place exactly once: the oracle is the object decoder and
-the plain two-pass decode. ``_set_head_from_front(False)`` makes the tail's thread fill the
-whole head from the back, so that path runs deterministically; with both on, the race between
-the threads runs for real.
+The first thread fills the counted batches from the front, the other from the back, until
+the two meet (a claim word both advance with compare-and-swap). With a one-pass tail, the
+other thread first checks and copies the tail, then fills the head from the back. Whatever
+the split, every record must land in its place exactly once: the oracle is the object
+decoder. ``_set_head_from_front(False)`` makes the second thread fill every placed batch
+from the back, so that path runs deterministically; with both on, the threads race for real.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ def two_threads():
     _core._set_head_from_front(old[3])
 
 
-def _log(n_batches: int, seed: int) -> bytes:
+def _log(n_batches: int, seed: int, headers: bool = False) -> bytes:
     rng = random.Random(seed)
     out, base = [], 0
     for _ in range(n_batches):
@@ -40,18 +39,21 @@ def _log(n_batches: int, seed: int) -> bytes:
                 for _ in range(n)]
         values = [None if rng.random() < 0.1 else rng.randbytes(rng.randint(0, 300))
                   for _ in range(n)]
-        out.append(_core.encode_batch(values, keys, None, [1_000 + base + i for i in range(n)],
+        hdrs = [[(f"h{j}", None if rng.random() < 0.2 else rng.randbytes(rng.randint(0, 9)))
+                 for j in range(rng.randint(0, 3))] for _ in range(n)] if headers else None
+        out.append(_core.encode_batch(values, keys, hdrs, [1_000 + base + i for i in range(n)],
                                       base_offset=base))
         base += n
     return b"".join(out)
 
 
-def _oracle(buf) -> list:
-    return [rec_tuple(r)[:5] + (None,) for r in _core.decode_records(bytes(buf))]
+def _oracle(buf, headers: bool = False) -> list:
+    return [rec_tuple(r) if headers else rec_tuple(r)[:5] + (None,)
+            for r in _core.decode_records(bytes(buf))]
 
 
 @pytest.mark.parametrize("from_front", [True, False])
-@pytest.mark.parametrize("share", [0.2, 0.4, 0.6, 0.9])
+@pytest.mark.parametrize("share", [0.0, 0.2, 0.4, 0.6, 0.9])   # 0: no tail
 @pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("seed", range(4))
 def test_every_split_decodes_like_the_object_decoder(two_threads, from_front, share, streamed,
@@ -88,3 +90,19 @@ def test_offset_range_and_racing_threads(two_threads):
         assert columns_tuples(cols, with_headers=False) == want
         part = _core.decode_columns(buf, min_offset=lo, end_offset=hi)
         assert columns_tuples(part, with_headers=False) == [r for r in want if lo <= r[0] < hi]
+
+
+@pytest.mark.parametrize("from_front", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_headers_and_max_records_share_every_batch(two_threads, from_front, seed):
+    # Headers and max_records rule out the one-pass tail: all batches are counted, then
+    # shared by the two fillers.
+    buf = _log(5 + 9 * seed, seed, headers=True)
+    _core._set_head_from_front(from_front)
+    want = _oracle(buf, headers=True)
+    cols = _core.decode_columns(buf, include_headers=True)
+    check_columns(cols)
+    assert columns_tuples(cols) == want
+    for cut in (1, len(want) // 3, len(want) - 1):
+        part = _core.decode_columns(buf, max_records=cut)
+        assert columns_tuples(part, with_headers=False) == [r[:5] + (None,) for r in want[:cut]]

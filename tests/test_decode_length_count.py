@@ -21,12 +21,14 @@ PER_BATCH = 6
 
 
 @pytest.fixture(params=["one thread", "two threads", "one-pass tail", "two threads streamed",
-                        "head filled from the back", "head from the back streamed"])
+                        "head filled from the back", "head from the back streamed",
+                        "two threads from the back"])
 def split(request):
     min_bytes, share = {"one thread": (1 << 62, 0.0), "two threads": (0, 0.0),
                         "one-pass tail": (0, 0.4), "two threads streamed": (0, 0.0),
                         "head filled from the back": (0, 0.4),
-                        "head from the back streamed": (0, 0.4)}[request.param]
+                        "head from the back streamed": (0, 0.4),
+                        "two threads from the back": (0, 0.0)}[request.param]
     old = (_core._set_parallel_min_bytes(min_bytes), _core._set_tail_share(share),
            _core._set_stream_min_bytes(0 if "streamed" in request.param else 1 << 62),
            _core._set_head_from_front("back" not in request.param))
