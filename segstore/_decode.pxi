@@ -94,40 +94,34 @@ cdef inline void _release_range(size_t a, size_t b) noexcept nogil:
 
 
 cdef inline void _release_batch(const Region* reg, size_t* run_lo, size_t* run_hi,
-                                bint last) noexcept nogil:
+                                bint last, bint downward=False) noexcept nogil:
     """Drop this process's page-table entries for the whole pages of copied batches read from
     a shared file mapping: the data stays in the page cache and a later touch maps it again,
     so the input pages leave the resident set as the output pages arrive (the peak is about
     max(input, output), not their sum). Adjacent batches are dropped in runs of
     RELEASE_BYTES: each madvise interrupts the other core to flush its TLB, and once per
-    batch that cost a tenth of a 1M-record read. `last` flushes the run."""
+    batch that cost a tenth of a 1M-record read. `last` flushes the run; `downward`: the
+    batches come last first, so a run grows towards lower addresses."""
     cdef size_t a, b
     if reg != NULL and reg.release:
         a = <size_t>(reg.data + reg.header.position)
         b = a + <size_t>reg.header.size
-        if run_hi[0] != a:  # not adjacent: drop the run so far, start a new one
+        if (run_lo[0] != b) if downward else (run_hi[0] != a):
+            # Not adjacent: drop the run so far, start a new one.
             _release_range(run_lo[0], run_hi[0])
             run_lo[0] = a
-        run_hi[0] = b
-    if last or run_hi[0] - run_lo[0] >= RELEASE_BYTES:
-        _release_range(run_lo[0], run_hi[0])
-        run_lo[0] = run_hi[0] & ~(PAGE - 1)  # the page the run ends in goes with the next run
-
-
-cdef inline void _release_batch_before(const Region* reg, size_t* run_lo, size_t* run_hi,
-                                       bint last) noexcept nogil:
-    """_release_batch for batches copied last first: a run grows downwards."""
-    cdef size_t a, b
-    if reg != NULL and reg.release:
-        a = <size_t>(reg.data + reg.header.position)
-        b = a + <size_t>reg.header.size
-        if run_lo[0] != b:  # not adjacent: drop the run so far, start a new one
-            _release_range(run_lo[0], run_hi[0])
             run_hi[0] = b
-        run_lo[0] = a
+        elif downward:
+            run_lo[0] = a
+        else:
+            run_hi[0] = b
     if last or run_hi[0] - run_lo[0] >= RELEASE_BYTES:
         _release_range(run_lo[0], run_hi[0])
-        run_hi[0] = (run_lo[0] + PAGE - 1) & ~(PAGE - 1)  # its first page goes with the next run
+        # The page the run ends in (its first, going down) goes with the next run.
+        if downward:
+            run_hi[0] = (run_lo[0] + PAGE - 1) & ~(PAGE - 1)
+        else:
+            run_lo[0] = run_hi[0] & ~(PAGE - 1)
 
 
 include "_decode_threads.pxi"
@@ -446,7 +440,6 @@ cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
     a one-pass tail, the other thread first checks and copies the tail from where the placed
     batches end. Raises the first damage in batch order."""
     cdef _Regions regs = job.regs
-    cdef Py_ssize_t split
     if tail < regs.n:
         job.tail = job.sink
         job.tail.at = job.total
@@ -457,8 +450,7 @@ cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
             job.fill_head(tail)
         other.result()
     elif job.total.n:
-        split = _split_point(regs, 0, regs.n)
-        if split < regs.n and regs.n <= 0x7fffffff:   # the claim word's halves
+        if _split_point(regs, 0, regs.n) < regs.n and regs.n <= CLAIM_MAX:
             # Every batch is placed: one thread takes them from the front, the other from
             # the back, so neither waits on a slower half.
             job.claim = <uint64_t>regs.n

@@ -2,10 +2,10 @@
 # positions (BatchOut), the counting, copying and one-pass tail kernels, the second thread,
 # and the job both threads share. Included by _decode.pxi; shares _core's namespace.
 
-# The head of a decode with a one-pass tail is filled from both ends: its first thread takes
-# batches from the front, and the tail's thread, once the tail is done, takes them from the
-# back, until the two meet. Both ends live in one 64-bit word (front << 32 | back) that each
-# thread advances with a compare-and-swap, so every batch is taken exactly once.
+# The placed batches of a two-thread fill are taken from both ends: the first thread takes
+# them from the front, the other (after the one-pass tail, when there is one) from the back,
+# until the two meet. Both ends live in one 64-bit word (front << 32 | back) that each thread
+# advances with a compare-and-swap, so every batch is taken exactly once.
 cdef extern from *:
     """
     static inline int64_t seg_claim(uint64_t* word, int from_back) {
@@ -21,6 +21,9 @@ cdef extern from *:
     }
     """
     int64_t seg_claim(uint64_t* word, int from_back) nogil
+
+cdef enum:
+    CLAIM_MAX = 0x7fffffff   # most batches a claim word hands out (each end has 32 bits)
 
 
 # Per-batch output sizes and start positions of a column decode.
@@ -105,6 +108,20 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
     return 0
 
 
+cdef inline void _sink_at_place(ColumnSink* s, const ColumnSink* base, const BatchOut* o,
+                                const Region* nxt) noexcept nogil:
+    """``s``: the fill's sink ``base`` bounded to batch ``o``'s place, prefetching as it
+    copies, and asking for the first bytes of ``nxt``, the batch it copies next (NULL: none),
+    since the prefetch runs only s.prefetch bytes ahead within a batch."""
+    s[0] = base[0]
+    s.at = o.start
+    s.cap = _counts_sum(&o.start, &o.size)
+    s.prefetch = PREFETCH_DIST
+    if nxt != NULL:
+        s.next = nxt.data + nxt.start
+        s.next_end = s.next + min(PREFETCH_DIST, nxt.end - nxt.start)
+
+
 cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
                         int64_t hi, int64_t limit, bint headers, bint stream,
                         const ColumnSink* base, BatchOut* outs,
@@ -117,7 +134,6 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
     cdef Py_ssize_t i = i0 - 1
     cdef ColumnSink s
     cdef BatchOut* o
-    cdef const Region* nxt
     cdef ColumnStreams* out = NULL
     cdef ColumnCounts end
     cdef int st
@@ -129,16 +145,7 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
         o = &outs[i]
         if o.size.n == 0 or o.start.n >= limit:
             continue
-        s = base[0]
-        s.at = o.start
-        s.cap = _counts_sum(&o.start, &o.size)
-        s.prefetch = PREFETCH_DIST
-        if i + 1 < i1:
-            # The prefetch runs s.prefetch bytes ahead within a batch: the next batch's first
-            # bytes are asked for here.
-            nxt = &regs.items[i + 1]
-            s.next = nxt.data + nxt.start
-            s.next_end = s.next + min(PREFETCH_DIST, nxt.end - nxt.start)
+        _sink_at_place(&s, base, o, &regs.items[i + 1] if i + 1 < i1 else NULL)
         if out != NULL and not _counts_equal(&o.start, &end):
             _close_streams(out)   # not where the last batch ended: start the streams anew
             out = NULL
@@ -159,14 +166,13 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
 cdef void _fill_from_back(_Regions regs, int64_t lo, int64_t hi, int64_t limit, bint headers,
                           bint stream, const ColumnSink* base, BatchOut* outs,
                           uint64_t* claim) noexcept nogil:
-    """The fill pass over the head batches ``claim`` hands out from the back, last first,
+    """The fill pass over the placed batches ``claim`` hands out from the back, last first,
     each written at its place (through its own streams when ``stream``: these places precede
     each other). Stops at the first batch that does not fill its place exactly, as
     _fill_batches does."""
     cdef int64_t i
     cdef ColumnSink s
     cdef BatchOut* o
-    cdef const Region* nxt
     cdef ColumnStreams* out
     cdef int st
     cdef size_t run_lo = 0, run_hi = 0
@@ -177,14 +183,8 @@ cdef void _fill_from_back(_Regions regs, int64_t lo, int64_t hi, int64_t limit, 
         o = &outs[i]
         if o.size.n == 0 or o.start.n >= limit:
             continue
-        s = base[0]
-        s.at = o.start
-        s.cap = _counts_sum(&o.start, &o.size)
-        s.prefetch = PREFETCH_DIST
-        if i > 0:
-            nxt = &regs.items[i - 1]   # the batch this end takes next, if still free
-            s.next = nxt.data + nxt.start
-            s.next_end = s.next + min(PREFETCH_DIST, nxt.end - nxt.start)
+        # The batch this end takes next (if still free) is the one before.
+        _sink_at_place(&s, base, o, &regs.items[i - 1] if i > 0 else NULL)
         out = _open_streams(&s) if stream else NULL
         st = decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit,
                                    headers, &s, out, &o.err_pos)
@@ -193,8 +193,8 @@ cdef void _fill_from_back(_Regions regs, int64_t lo, int64_t hi, int64_t limit, 
         if st != ST_OK or not _counts_equal(&s.at, &s.cap):
             o.status = _recount(&regs.items[i], lo, hi, headers, &o.err_pos)
             break
-        _release_batch_before(&regs.items[i], &run_lo, &run_hi, False)
-    _release_batch_before(NULL, &run_lo, &run_hi, True)
+        _release_batch(&regs.items[i], &run_lo, &run_hi, False, True)
+    _release_batch(NULL, &run_lo, &run_hi, True, True)
 
 
 cdef inline int _count_full(const Region* reg, int64_t lo, int64_t hi, bint headers,
@@ -296,7 +296,7 @@ cdef Py_ssize_t _tail_start(_DecodeJob job, int64_t limit, bint validate_crc) no
     if (limit != INT64_MAX_C or job.headers or job.counted != 0
             or (_crc_fn == NULL and validate_crc)):
         return regs.n
-    if TAIL_SHARE <= 0 or regs.n < 2 or regs.n > 0x7fffffff:   # the claim word's halves
+    if TAIL_SHARE <= 0 or regs.n < 2 or regs.n > CLAIM_MAX:
         return regs.n
     total = _region_bytes(regs, 0, regs.n)
     if total < PARALLEL_MIN_BYTES:
@@ -359,7 +359,7 @@ cdef class _DecodeJob:
     cdef ColumnSink sink
     cdef ColumnSink tail   # the one-pass tail's sink, with its running totals
     cdef bint stream       # fill through streamed stores (the output outgrows the caches)
-    cdef uint64_t claim    # the head batches still free: front << 32 | back
+    cdef uint64_t claim    # the placed batches still free: front << 32 | back
 
     def __dealloc__(self):
         free(self.outs)
