@@ -36,7 +36,7 @@ _READ = ["path", "subscribe", "subscribePattern", "assign", "startingOffsets", "
          "minOffsetsPerTrigger", "maxTriggerDelay", "kafka.isolation.level"]
 _BATCH_ONLY = {"endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"}
 _STREAM_ONLY = {"maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"}
-_WRITE = ["path", "topic", "checkpointLocation", "lockTimeoutMs"]
+_WRITE = ["path", "topic", "checkpointLocation", "lockTimeoutMs", "freezeWorkerHeap"]
 # Kafka consumer plumbing that a file-based source has no use for: accepted, ignored, logged.
 _IGNORED = ["groupIdPrefix", "kafka.group.id", "fetchOffset.numRetries",
             "fetchOffset.retryIntervalMs", "kafkaConsumer.pollTimeoutMs"]
@@ -187,6 +187,7 @@ class WriteOptions:
     topic: Optional[str] = None
     checkpoint_location: Optional[str] = None
     lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
+    freeze_worker_heap: bool = True  # see segstore.spark.worker_heap
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> "WriteOptions":
@@ -204,7 +205,8 @@ class WriteOptions:
         timeout = _positive(opts, "lockTimeoutMs")
         return cls(path=_path(opts), topic=topic,
                    checkpoint_location=normalize_location(ckpt) if ckpt else None,
-                   lock_timeout_ms=DEFAULT_LOCK_TIMEOUT_MS if timeout is None else timeout)
+                   lock_timeout_ms=DEFAULT_LOCK_TIMEOUT_MS if timeout is None else timeout,
+                   freeze_worker_heap=_bool(opts, "freezeWorkerHeap", True))
 
 
 def normalize_location(location: str) -> str:

@@ -23,6 +23,7 @@ from .features import STREAM_ARROW_WRITER, to_arrow_schema
 from .ledger import CommitLedger
 from .options import InvalidOptionError, WriteOptions
 from .staging import Stager, StagedCommitMessage, discard_job, publish, task_tag
+from .worker_heap import freeze_once
 
 if STREAM_ARROW_WRITER:  # pyspark 4.1+: micro-batches arrive as Arrow; 4.0 hands over Rows.
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
@@ -84,6 +85,8 @@ def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches,
     ``known`` maps topics to the TopicInfo read at planning; the task opens the store
     (read-only, which reads every partition's metadata) only for other topics.
     """
+    if opts.freeze_worker_heap:
+        freeze_once()  # the daemon's collection after this task then skips the worker's heap
     tag = task_tag()
     stager = Stager(opts.path, job, tag)
     infos: dict = {}
