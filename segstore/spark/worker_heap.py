@@ -8,12 +8,19 @@ workers of a ``local[2]`` session collect while the driver's ``commit()`` runs, 
 cores. ``gc.freeze()`` moves every object tracked at that moment into the permanent generation,
 which collections skip; reference counting still frees them as before.
 
-segstore's write tasks freeze the heap once per worker process, at the start of the first one:
-the daemon has just collected (or the worker was just forked), so what is frozen is the
-worker's modules and state, and the task's own setup. The cost is that a cycle among those
-objects that later becomes garbage is never collected (bounded: it happens once per process).
-The ``freezeWorkerHeap`` write option (default true) turns it off. Outside a Spark task (a driver,
-a test calling the task code directly) nothing is frozen.
+segstore's write tasks freeze the heap once per worker process, at the start of the first one.
+Reused workers live as long as the executor, so what is frozen is everything the worker holds
+then: its modules, broadcast values it has loaded, what earlier tasks' code left in module
+globals, the first write task's own setup (and, in a freshly forked worker, the garbage made
+since the fork, which the daemon has not collected yet). Reference counting still frees any of
+it that is dropped; but a reference cycle among frozen objects that later becomes garbage, and
+everything reachable only from it, is never collected, for the executor's lifetime. How much
+that can be depends on the application (a broadcast object graph with cycles, later
+unpersisted, is the case to watch). The ``freezeWorkerHeap`` write option (default true) turns
+the freeze off. Without worker reuse (``spark.python.worker.reuse=false``) the daemon collects
+nothing after a task and each task gets a new process: freezing then neither helps nor holds
+anything past the task. Outside a Spark task (a driver, a test calling the task code directly)
+nothing is frozen.
 """
 
 from __future__ import annotations
