@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import gc
 
+from pyspark import TaskContext
+
 _frozen = False
 
 
 def in_spark_task() -> bool:
     """Whether this code runs inside a Spark task (a Python worker with a TaskContext)."""
-    try:
-        from pyspark import TaskContext
-    except ImportError:  # pragma: no cover - the spark extra is installed wherever this runs
-        return False
     return TaskContext.get() is not None
 
 

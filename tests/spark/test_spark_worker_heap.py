@@ -48,7 +48,7 @@ def test_outside_a_spark_task_nothing_is_frozen():
 
 
 CHILD_TASK = """
-    import gc, sys
+    import gc
     import pyspark
     import segstore
     from segstore.spark.encode import InputLayout
@@ -63,7 +63,7 @@ CHILD_TASK = """
             return 0
 
     pyspark.TaskContext.get = staticmethod(lambda: Ctx())
-    root = sys.argv[1] if len(sys.argv) > 1 else {root!r}
+    root = {root!r}
     opts = WriteOptions.parse({{"path": root, "topic": "t", "freezeWorkerHeap": {flag!r}}},
                               streaming=False)
     counts = []
@@ -105,7 +105,8 @@ def test_writes_land_the_same_with_and_without_freezing(spark, tmp_path, flag):
     root = str(tmp_path / "store")
     with segstore.open(root) as store:
         store.create_topic("t", 3)
-    df = spark.range(3000).selectExpr("cast(id as string) as key", "cast(cast(id as string) as binary) as value")
+    df = spark.range(3000).selectExpr("cast(id as string) as key",
+                                      "cast(cast(id as string) as binary) as value")
     (df.write.format("segstore").mode("append").option("topic", "t")
      .option("freezeWorkerHeap", flag).save(root))
     assert sum(end_offsets(root, "t").values()) == 3000
