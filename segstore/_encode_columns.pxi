@@ -10,17 +10,18 @@ cdef inline bint _span_ok(const int64_t* offsets, Py_ssize_t s, int64_t data_len
 
 cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, int64_t kd_len, const int64_t* vo,
                        const uint8_t* vv, int64_t vd_len, const int64_t* ts, bint ts_scalar,
-                       const int64_t* order, Py_ssize_t n_src, Py_ssize_t n,
-                       Py_ssize_t per_batch, int64_t max_bytes, int64_t* starts,
+                       const int64_t* order, Py_ssize_t n_src, Py_ssize_t i0, Py_ssize_t i1,
+                       Py_ssize_t per_batch, int64_t max_bytes, int64_t pos0, int64_t* starts,
                        int64_t* positions, Py_ssize_t* nbatches, int64_t* total) noexcept nogil:
-    """Split records into batches: `starts` gets each batch's first record index and
-    `positions` its first byte (one more: the end), so batches can then be written
-    independently. Record i is row order[i] of the columns (row i when order is NULL)."""
+    """Split records [i0, i1) into batches, the first starting at i0 and at byte ``pos0``:
+    `starts` gets each batch's first record index and `positions` its first byte (one more
+    each: the end), so batches can then be written independently; `total` is where the last
+    one ends. Record i is row order[i] of the columns (row i when order is NULL)."""
     cdef Py_ssize_t i, s, count = 0
     cdef int64_t size = 0, rec, body, base_ts = 0, klen, vlen
     nbatches[0] = 0
-    total[0] = 0
-    for i in range(n):
+    total[0] = pos0
+    for i in range(i0, i1):
         s = i
         if order != NULL:
             s = order[i]
@@ -52,7 +53,7 @@ cdef int _plan_columns(const int64_t* ko, const uint8_t* kv, int64_t kd_len, con
         count += 1
     if count:
         total[0] += V2_HEADER_C + size
-    starts[nbatches[0]] = n
+    starts[nbatches[0]] = i1
     positions[nbatches[0]] = total[0]
     return ST_OK
 
@@ -187,6 +188,28 @@ cdef class _EncodeJob:
     cdef bint crc
     cdef object keep
     cdef BatchHeader* hdrs
+    cdef Py_ssize_t per_batch
+    cdef int64_t max_bytes
+    # The second thread's share of a split plan: records from a row it starts a batch at.
+    cdef int64_t* tail_starts
+    cdef int64_t* tail_positions
+    cdef Py_ssize_t tail_nbatches
+    cdef int64_t tail_total
+    cdef int tail_status
+
+    cdef int plan(self, Py_ssize_t i0, Py_ssize_t i1, int64_t pos0, int64_t* starts,
+                  int64_t* positions, Py_ssize_t* nbatches, int64_t* total) noexcept nogil:
+        return _plan_columns(self.ko, self.kv, self.kd_len, self.vo, self.vv, self.vd_len,
+                             self.ts, self.ts_scalar, self.order, self.n_src, i0, i1,
+                             self.per_batch, self.max_bytes, pos0, starts, positions,
+                             nbatches, total)
+
+    def plan_tail(self, Py_ssize_t i0, Py_ssize_t i1):
+        """Plan records [i0, i1) as if a batch started at i0, into the tail arrays (positions
+        from 0): the second thread's share of a split plan."""
+        with nogil:
+            self.tail_status = self.plan(i0, i1, 0, self.tail_starts, self.tail_positions,
+                                         &self.tail_nbatches, &self.tail_total)
 
     def write(self, Py_ssize_t b0, Py_ssize_t b1):
         """Write (and checksum) batches [b0, b1); returns the status of the writing."""
@@ -214,6 +237,64 @@ cdef class _EncodeJob:
             h.crc = _crc32c_pkg(mv[h.position + 21:h.position + h.size])
             wr_u32(self.out + h.position + 17, h.crc)
         return st
+
+
+cdef int64_t PLAN_SPLIT_MIN_RECORDS = 64 << 10   # fewer: the plan is too short to share
+
+
+def _set_plan_split_min_records(int64_t n):
+    """Tune (or with a huge value, disable) the two-thread split of encode_columns' plan;
+    returns the previous value."""
+    global PLAN_SPLIT_MIN_RECORDS
+    old = PLAN_SPLIT_MIN_RECORDS
+    PLAN_SPLIT_MIN_RECORDS = n
+    return old
+
+
+cdef int _plan_job(_EncodeJob job, Py_ssize_t n, int64_t* starts, int64_t* positions,
+                   Py_ssize_t* nbatches, int64_t* total) except -2:
+    """The plan of records [0, n) (see _plan_columns), on two threads when it is long.
+
+    The second thread plans from k, a multiple of per_batch near the middle, as if a batch
+    started there; the first plans [0, k). When every batch of the first part holds exactly
+    per_batch records, one does start at k in the one-thread plan, so the second part's plan
+    is that plan's rest. Otherwise (a batch was cut short by max_batch_bytes) the rest is
+    planned again from the first part's last batch on: the result is always the one-thread
+    plan's."""
+    cdef Py_ssize_t rpb = job.per_batch, k = (n // 2) // rpb * rpb, b, nb = 0, last
+    cdef int64_t head_total = 0
+    cdef int st
+    if k <= 0 or n < PLAN_SPLIT_MIN_RECORDS:
+        with nogil:
+            st = job.plan(0, n, 0, starts, positions, nbatches, total)
+        return st
+    tail_starts = np.empty(n - k + 1, dtype=np.int64)
+    tail_positions = np.empty(n - k + 1, dtype=np.int64)
+    cdef int64_t[::1] ts_v = tail_starts, tp_v = tail_positions
+    job.tail_starts, job.tail_positions = &ts_v[0], &tp_v[0]
+    job.keep = (job.keep, tail_starts, tail_positions)   # the other thread writes them
+    other = _second_core(job.plan_tail, k, n)
+    with nogil:
+        st = job.plan(0, k, 0, starts, positions, &nb, &head_total)
+    other.result()
+    if st != ST_OK:
+        return st
+    if nb == k // rpb:
+        if job.tail_status != ST_OK:
+            return job.tail_status
+        with nogil:
+            for b in range(job.tail_nbatches + 1):
+                starts[nb + b] = ts_v[b]
+                positions[nb + b] = head_total + tp_v[b]
+        nbatches[0] = nb + job.tail_nbatches
+        total[0] = head_total + job.tail_total
+        return ST_OK
+    last = nb - 1
+    with nogil:
+        st = job.plan(starts[last], n, positions[last], &starts[last], &positions[last], &nb,
+                      total)
+    nbatches[0] = last + nb
+    return st
 
 
 def encode_columns(values, keys=None, timestamps_ms=None, *, base_offset=0,
@@ -301,10 +382,20 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, base_offset=0,
     cdef Py_ssize_t nbatches = 0
     cdef int64_t total = 0
     cdef int st
-    with nogil:
-        st = _plan_columns(kop, kvp, kd_len, &vo[0], &vv[0], vd.shape[0], &ts[0], ts_scalar,
-                           ordp, n_src, n, rpb, mbb, &starts[0],
-                           &positions[0], &nbatches, &total)
+    cdef _EncodeJob job = _EncodeJob.__new__(_EncodeJob)
+    job.kd, job.ko, job.kv, job.kd_len = kdp, kop, kvp, kd_len
+    job.vd, job.vo, job.vv, job.vd_len = _ptr(vd), &vo[0], &vv[0], vd.shape[0]
+    job.n_src = n_src
+    job.ts, job.ts_scalar = &ts[0], ts_scalar
+    job.order = ordp
+    job.per_batch, job.max_bytes = rpb, mbb
+    job.crc = codec == 0
+    # The buffers themselves, not just the column objects (whose arrays a caller could swap):
+    # if the wait for the other thread is interrupted, it still reads them (and, writing,
+    # still writes its batches' headers into hdr_arr, added below).
+    job.keep = (values, keys, ts_arr, starts_arr, positions_arr, order_arr, vd, vo, vv,
+                (kd, ko, kv) if keys is not None else None)
+    st = _plan_job(job, n, &starts[0], &positions[0], &nbatches, &total)
     if st == ST_ORDER:
         raise InvalidArgumentError(f"order holds a row number outside [0, {n_src})")
     if st != ST_OK:
@@ -312,25 +403,14 @@ def encode_columns(values, keys=None, timestamps_ms=None, *, base_offset=0,
                                  "or a value exceeds 2 GiB")
     out = _output_buffer(total)  # filled below before anyone sees it
     hdr_arr = np.zeros(nbatches, dtype=BATCH_DTYPE)
-    cdef _EncodeJob job = _EncodeJob.__new__(_EncodeJob)
     job.out_obj = out
     job.out = _writable_ptr(out)
-    job.kd, job.ko, job.kv, job.kd_len = kdp, kop, kvp, kd_len
-    job.vd, job.vo, job.vv, job.vd_len = _ptr(vd), &vo[0], &vv[0], vd.shape[0]
-    job.n_src = n_src
-    job.ts, job.ts_scalar = &ts[0], ts_scalar
-    job.order = ordp
     job.starts, job.positions = &starts[0], &positions[0]
     job.base_offset = base_offset
     job.leader_epoch = epoch
     job.attributes = 0x08 if log_append_time_ms is not None else 0
     job.log_append_time = -1 if log_append_time_ms is None else log_append_time_ms
-    job.crc = codec == 0
-    # The buffers themselves, not just the column objects (whose arrays a caller could swap):
-    # if the wait for the other thread is interrupted, it still reads them, and still writes
-    # its batches' headers into hdr_arr.
-    job.keep = (values, keys, ts_arr, starts_arr, positions_arr, order_arr, vd, vo, vv,
-                (kd, ko, kv) if keys is not None else None, hdr_arr)
+    job.keep = (job.keep, hdr_arr)
     cdef uint8_t[::1] hv = hdr_arr.view(np.uint8)
     job.hdrs = <BatchHeader*>&hv[0] if nbatches else NULL
     # Batches are independent once planned: two threads write (and checksum) halves.
