@@ -260,11 +260,20 @@ cdef int _plan_job(_EncodeJob job, Py_ssize_t n, int64_t* starts, int64_t* posit
     per_batch records, one does start at k in the one-thread plan, so the second part's plan
     is that plan's rest. Otherwise (a batch was cut short by max_batch_bytes) the rest is
     planned again from the first part's last batch on: the result is always the one-thread
-    plan's."""
+    plan's. Only plans whose batches will also be written on two threads are split.
+    """
     cdef Py_ssize_t rpb = job.per_batch, k = (n // 2) // rpb * rpb, b, nb = 0, last
     cdef int64_t head_total = 0
     cdef int st
-    if k <= 0 or n < PLAN_SPLIT_MIN_RECORDS:
+    # Key and value bytes (those of the rows taken, as a share of all rows under an order):
+    # below the write's split threshold, the caller may be using the other core (as
+    # append_columns does, encoding a chunk while the last one is written).
+    cdef double kv_bytes = job.vo[job.n_src] - job.vo[0]
+    if job.ko != NULL:
+        kv_bytes += job.ko[job.n_src] - job.ko[0]
+    if job.order != NULL and job.n_src > 0:
+        kv_bytes = kv_bytes * n / job.n_src
+    if k <= 0 or n < PLAN_SPLIT_MIN_RECORDS or kv_bytes < PARALLEL_MIN_BYTES:
         with nogil:
             st = job.plan(0, n, 0, starts, positions, nbatches, total)
         return st
