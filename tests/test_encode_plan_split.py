@@ -131,3 +131,26 @@ def test_first_bad_row_in_record_order_is_the_one_reported():
     order[5] = -1                          # now a bad order row comes first
     with pytest.raises(InvalidArgumentError, match="outside"):
         _core.encode_columns(bad, keys, 0, records_per_batch=7, order=order)
+
+
+@pytest.mark.parametrize("parallel_min, expected", [(NEVER, 0), (0, 2)])
+def test_plan_is_split_only_when_the_write_is(monkeypatch, parallel_min, expected):
+    """Below the write's two-thread threshold the caller may be using the other core
+    (append_columns encodes a chunk while it writes the last one): no thread is asked for."""
+    real, calls = _core._second_core, []
+
+    def spy(fn, *args):
+        calls.append(fn.__name__)
+        return real(fn, *args)
+
+    monkeypatch.setattr(_core, "_second_core", spy)
+    old = _core._set_plan_split_min_records(0), _core._set_parallel_min_bytes(parallel_min)
+    try:
+        values, keys = _columns(np.random.default_rng(3), 1_000, 50)
+        _core.encode_columns(values, keys, 0, records_per_batch=10)
+    finally:
+        _core._set_plan_split_min_records(old[0])
+        _core._set_parallel_min_bytes(old[1])
+    assert len(calls) == expected
+    if expected:
+        assert calls == ["plan_tail", "write"]
