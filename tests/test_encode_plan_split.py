@@ -154,3 +154,43 @@ def test_plan_is_split_only_when_the_write_is(monkeypatch, parallel_min, expecte
     assert len(calls) == expected
     if expected:
         assert calls == ["plan_tail", "write"]
+
+
+def _fixed_lengths(lengths, keyed: bool = True):
+    n = len(lengths)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = BinaryColumn((np.arange(offsets[-1]) % 251).astype(np.uint8), offsets,
+                          np.ones(n, dtype=np.bool_))
+    keys = BinaryColumn.from_fixed(np.arange(n, dtype=">u4").view(np.uint8).reshape(n, 4)) \
+        if keyed else None
+    return values, keys
+
+
+@pytest.mark.usefixtures("split_plan")
+@pytest.mark.parametrize("n, per_batch, max_batch_bytes, big_at", [
+    (2, 1, 0, None),          # k = 1: one record per batch on either side
+    (2, 1, 1 << 20, None),
+    (8, 4, 1 << 20, None),    # n = 2 * per_batch: k = per_batch
+    (9, 4, 1 << 20, None),    # one record past it
+    (200, 10, 0, None),       # max_batch_bytes 0: every batch holds one record
+    (200, 10, 1_500, 99),     # a record over max_batch_bytes just before k = 100
+    (200, 10, 1_500, 100),    # ... and at k
+    (200, 10, 1_500, 101),
+])
+def test_split_edge_cases(n, per_batch, max_batch_bytes, big_at):
+    lengths = np.full(n, 50)
+    if big_at is not None:
+        lengths[big_at] = 2_000
+    values, keys = _fixed_lengths(lengths)
+    table = _assert_same(values, keys, timestamps_ms=np.arange(n) * 3, records_per_batch=per_batch,
+                         max_batch_bytes=max_batch_bytes)
+    assert sum(table["records_count"].tolist()) == n
+
+
+@pytest.mark.usefixtures("split_plan")
+def test_order_with_repeated_rows_longer_than_the_columns():
+    values, keys = _columns(np.random.default_rng(4), 50, 30)
+    order = np.random.default_rng(5).integers(0, 50, 400)
+    _assert_same(values, keys, timestamps_ms=7, records_per_batch=9, max_batch_bytes=900,
+                 order=order)
