@@ -32,16 +32,24 @@ def split_plan():
     _core._set_parallel_min_bytes(old[1])
 
 
+def _column(lengths, valid=None, rng=None) -> BinaryColumn:
+    """A column of cells of these lengths (random bytes with ``rng``, else a byte pattern)."""
+    n = len(lengths)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    size = int(offsets[-1])
+    data = (rng.integers(0, 256, size, dtype=np.uint8) if rng is not None
+            else (np.arange(size) % 251).astype(np.uint8))
+    return BinaryColumn(data, offsets, np.ones(n, dtype=np.bool_) if valid is None else valid)
+
+
 def _columns(rng, n: int, max_len: int):
     """Values and keys with nulls and empty cells, lengths in [0, max_len]."""
     def col(null_share):
         lengths = rng.integers(0, max_len + 1, n)
         valid = rng.random(n) >= null_share
         lengths[~valid] = 0
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        data = rng.integers(0, 256, int(offsets[-1]), dtype=np.uint8)
-        return BinaryColumn(data, offsets, valid)
+        return _column(lengths, valid, rng)
     return col(0.1), col(0.2)
 
 
@@ -89,10 +97,7 @@ def test_batches_cut_by_bytes_before_and_after_the_split(cut):
         lengths[333] = 5_000
     if cut in ("tail", "both"):
         lengths[1_555] = 5_000
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    values = BinaryColumn(np.arange(offsets[-1], dtype=np.int64).astype(np.uint8), offsets,
-                          np.ones(n, dtype=np.bool_))
+    values = _column(lengths)
     table = _assert_same(values, None, timestamps_ms=5, records_per_batch=10,
                          max_batch_bytes=3_000)
     counts = table["records_count"].tolist()
@@ -156,17 +161,6 @@ def test_plan_is_split_only_when_the_write_is(monkeypatch, parallel_min, expecte
         assert calls == ["plan_tail", "write"]
 
 
-def _fixed_lengths(lengths, keyed: bool = True):
-    n = len(lengths)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    values = BinaryColumn((np.arange(offsets[-1]) % 251).astype(np.uint8), offsets,
-                          np.ones(n, dtype=np.bool_))
-    keys = BinaryColumn.from_fixed(np.arange(n, dtype=">u4").view(np.uint8).reshape(n, 4)) \
-        if keyed else None
-    return values, keys
-
-
 @pytest.mark.usefixtures("split_plan")
 @pytest.mark.parametrize("n, per_batch, max_batch_bytes, big_at", [
     (2, 1, 0, None),          # k = 1: one record per batch on either side
@@ -182,7 +176,8 @@ def test_split_edge_cases(n, per_batch, max_batch_bytes, big_at):
     lengths = np.full(n, 50)
     if big_at is not None:
         lengths[big_at] = 2_000
-    values, keys = _fixed_lengths(lengths)
+    values = _column(lengths)
+    keys = BinaryColumn.from_fixed(np.arange(n, dtype=">u4").view(np.uint8).reshape(n, 4))
     table = _assert_same(values, keys, timestamps_ms=np.arange(n) * 3, records_per_batch=per_batch,
                          max_batch_bytes=max_batch_bytes)
     assert sum(table["records_count"].tolist()) == n
