@@ -125,6 +125,7 @@ cdef inline void _release_batch(const Region* reg, size_t* run_lo, size_t* run_h
 
 
 include "_decode_threads.pxi"
+include "_decode_predict.pxi"
 
 
 def decode_columns(buf, start=0, end=None, *, min_offset=None, end_offset=None,
@@ -135,7 +136,10 @@ def decode_columns(buf, start=0, end=None, *, min_offset=None, end_offset=None,
     Two passes over the batches: the first checks each batch's CRC and counts its records and
     bytes, the second copies every batch to its precomputed place. Each pass splits the batches
     between two threads when the range is large; then the last batches of a whole-range read
-    are checked and copied in one pass, on the second thread, after the counted ones.
+    are checked and copied in one pass, on the second thread, after the counted ones. A large
+    whole-range read whose batches come in runs of like batches skips the first pass: one
+    batch per run is counted, the others' sizes are predicted from it, and each batch's CRC is
+    checked just before its copy (a wrong prediction, or damage, falls back to counting).
     """
     return decode_columns_multi([(buf, start, end, file)], min_offset=min_offset,
                                 end_offset=end_offset, max_records=max_records,
@@ -164,25 +168,38 @@ def decode_columns_multi(sources, *, min_offset=None, end_offset=None, max_recor
     if _select_batches(job, sources, files, limit, validate_crc, strict, max_records is not None):
         return _legacy_columns(sources, min_offset, end_offset, max_records, validate_crc,
                                include_headers, topic, partition)
-    cdef Py_ssize_t tail = _tail_start(job, limit, validate_crc)
+    cdef Py_ssize_t tail
+    if _predict_sizes(job, limit, validate_crc):
+        cols = _decode_predicted(job, include_headers, topic, partition)
+        if cols is not None:
+            return cols
+    tail = _tail_start(job, limit, validate_crc)
     _count_regions(job, job.counted, tail, files)   # pass 1 over the rest of the head
     _place_outputs(job, tail, limit)
     _bound_sizes(job, tail)
+    cdef _ColumnArrays arrays = _arrays_for_fill(job, include_headers)
+    _fill_placed(job, tail)
+    _raise_first(job, 0, job.regs.n, files)
+    return arrays.columns(&job.tail.at if tail < job.regs.n else &job.total, include_headers,
+                          topic, partition)
+
+
+cdef _ColumnArrays _arrays_for_fill(_DecodeJob job, bint headers):
+    """The arrays of ``job.cap``, the job's sink pointing into them, held by the job; whether
+    to stream into them. Runs the test hook that may rewrite the buffer before the fill."""
     cdef int64_t fresh = _fresh
-    cdef _ColumnArrays arrays = _allocate_columns(&job.sink, &job.cap, include_headers)
+    cdef _ColumnArrays arrays = _allocate_columns(&job.sink, &job.cap, headers)
     # Streamed stores pay only over memory already written: the kernel zeroes a fresh page at
     # its first write, which leaves its lines cached for plain stores (1M records into fresh
     # memory: 34.8 ms with plain stores, 39 - 40 streamed).
-    job.stream = (not include_headers and _fresh == fresh
+    job.stream = (not headers and _fresh == fresh
                   and _region_bytes(job.regs, 0, job.regs.n) >= STREAM_MIN_BYTES)
     # The job holds the arrays its sink points into: if the wait for the other thread is
     # interrupted, they outlive this call until that thread is done.
     job.keep.append(arrays)
     if _between_passes is not None:
         _between_passes()
-    _fill_columns(job, tail, files)
-    return arrays.columns(&job.tail.at if tail < job.regs.n else &job.total, include_headers,
-                          topic, partition)
+    return arrays
 
 
 cdef _DecodeJob _new_job(int64_t lo, int64_t hi, bint headers):
@@ -434,11 +451,11 @@ def _set_stream_min_bytes(int64_t n):
     return old
 
 
-cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
+cdef int _fill_placed(_DecodeJob job, Py_ssize_t tail) except -1:
     """Pass 2: every placed batch copied to its place, on two threads when they are large:
     one copies them from the first on, the other from the last on, until the two meet. With
     a one-pass tail, the other thread first checks and copies the tail from where the placed
-    batches end. Raises the first damage in batch order."""
+    batches end. Leaves any damage in ``job.outs``."""
     cdef _Regions regs = job.regs
     if tail < regs.n:
         job.tail = job.sink
@@ -460,7 +477,7 @@ cdef int _fill_columns(_DecodeJob job, Py_ssize_t tail, list files) except -1:
             other.result()
         else:
             job.fill(0, regs.n)
-    _raise_first(job, 0, regs.n, files)
+    return 0
 
 
 _between_passes = None
@@ -477,9 +494,9 @@ def _set_head_from_front(bint on):
 
 
 def _set_between_passes(hook):
-    """Tests: run ``hook()`` in every column decode between its counting and filling passes
-    (after the arrays are allocated), as another writer of the buffer could; None turns it
-    off. Returns the previous hook."""
+    """Tests: run ``hook()`` in every column decode just before its fill pass (after the
+    counting pass or the prediction of sizes, once the arrays are allocated), as another
+    writer of the buffer could; None turns it off. Returns the previous hook."""
     global _between_passes
     old = _between_passes
     _between_passes = hook

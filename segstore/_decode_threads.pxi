@@ -49,6 +49,17 @@ cdef inline void _prefetch_next(ColumnSink* s, const Region* nxt) noexcept nogil
         s.next_end = nxt.data + nxt.end
 
 
+cdef inline bint _crc_bad(const Region* reg) noexcept nogil:
+    """Whether a batch whose CRC is still to check fails it (the compiled CRC-32C)."""
+    return reg.crc_pending and crc32c_c(reg.data + reg.header.position + 21,
+                                        reg.header.size - 21) != reg.header.crc
+
+
+cdef inline bint _taken_whole(const Region* reg, int64_t lo, int64_t hi) noexcept nogil:
+    """Whether a decode of [lo, hi) selects every record of the batch."""
+    return reg.header.base_offset >= lo and reg.header.last_offset < hi
+
+
 cdef inline bint _count_one(const Region* reg, const Region* nxt, int64_t lo, int64_t hi,
                             bint headers, BatchOut* out) noexcept nogil:
     """Count one batch whose CRC (if pending) passed: its sizes into ``out``, by its lengths
@@ -58,8 +69,7 @@ cdef inline bint _count_one(const Region* reg, const Region* nxt, int64_t lo, in
     cdef const BatchHeader* h = reg.header
     memset(&s, 0, sizeof(ColumnSink))
     _prefetch_next(&s, nxt)
-    if (headers or h.base_offset < lo or h.last_offset >= hi
-            or not count_region_sizes(reg, h, &s)):
+    if headers or not _taken_whole(reg, lo, hi) or not count_region_sizes(reg, h, &s):
         memset(&s.at, 0, sizeof(ColumnCounts))
         out.status = decode_region_columns(reg, h, lo, hi, INT64_MAX_C, headers, &s, NULL,
                                            &out.err_pos)
@@ -75,8 +85,7 @@ cdef void _count_range(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, 
     cdef const Region* reg
     for i in range(i0, i1):
         reg = &regs.items[i]
-        if reg.crc_pending and crc32c_c(reg.data + reg.header.position + 21,
-                                        reg.header.size - 21) != reg.header.crc:
+        if _crc_bad(reg):
             outs[i].status = ST_CRC
             outs[i].err_pos = reg.header.position
             return
@@ -109,28 +118,45 @@ cdef int _count_batches(list mvs, _Regions regs, Py_ssize_t i0, Py_ssize_t i1,
 
 
 cdef inline void _sink_at_place(ColumnSink* s, const ColumnSink* base, const BatchOut* o,
-                                const Region* nxt) noexcept nogil:
+                                const Region* nxt, bint crc) noexcept nogil:
     """``s``: the fill's sink ``base`` bounded to batch ``o``'s place, prefetching as it
     copies, and asking for the first bytes of ``nxt``, the batch it copies next (NULL: none),
-    since the prefetch runs only s.prefetch bytes ahead within a batch."""
+    since the prefetch runs only s.prefetch bytes ahead within a batch. With ``crc`` (the fill
+    checks each batch's CRC first, which brings the batch into the caches) it prefetches only
+    the next batch, whole, for its CRC."""
     s[0] = base[0]
     s.at = o.start
     s.cap = _counts_sum(&o.start, &o.size)
+    if crc:
+        s.prefetch = 0
+        _prefetch_next(s, nxt)
+        return
     s.prefetch = PREFETCH_DIST
     if nxt != NULL:
         s.next = nxt.data + nxt.start
         s.next_end = s.next + min(PREFETCH_DIST, nxt.end - nxt.start)
 
 
+cdef inline bint _fill_crc_ok(const Region* reg, bint crc, BatchOut* o) noexcept nogil:
+    """Whether a batch's CRC passed: checked here when the fill checks CRCs (``crc``: no
+    counting pass checked them), else by the counting pass. False leaves ST_CRC in ``o``."""
+    if crc and _crc_bad(reg):
+        o.status = ST_CRC
+        o.err_pos = reg.header.position
+        return False
+    return True
+
+
 cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
-                        int64_t hi, int64_t limit, bint headers, bint stream,
+                        int64_t hi, int64_t limit, bint headers, bint stream, bint crc,
                         const ColumnSink* base, BatchOut* outs,
                         uint64_t* claim) noexcept nogil:
     """Fill pass over regions [i0, i1) (or, given ``claim``, over those it hands out from the
     front): each batch writes at its precomputed positions, and only there (through streams
     when ``stream``: the batches' places follow each other), prefetching the bytes it reads
-    (the counting pass read them long ago). A batch that does not fill its place exactly (its
-    bytes changed since they were counted) stops the pass with ST_CHANGED in its ``outs``."""
+    (the counting pass read them long ago), after checking its CRC when ``crc``. A batch that
+    does not fill its place exactly (its bytes changed since they were counted, or its sizes
+    were predicted wrong) stops the pass with ST_CHANGED in its ``outs``."""
     cdef Py_ssize_t i = i0 - 1
     cdef ColumnSink s
     cdef BatchOut* o
@@ -143,9 +169,11 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
         if i < 0 or i >= i1:
             break
         o = &outs[i]
+        if not _fill_crc_ok(&regs.items[i], crc, o):
+            break
         if o.size.n == 0 or o.start.n >= limit:
             continue
-        _sink_at_place(&s, base, o, &regs.items[i + 1] if i + 1 < i1 else NULL)
+        _sink_at_place(&s, base, o, &regs.items[i + 1] if i + 1 < i1 else NULL, crc)
         if out != NULL and not _counts_equal(&o.start, &end):
             _close_streams(out)   # not where the last batch ended: start the streams anew
             out = NULL
@@ -164,7 +192,7 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
 
 
 cdef void _fill_from_back(_Regions regs, int64_t lo, int64_t hi, int64_t limit, bint headers,
-                          bint stream, const ColumnSink* base, BatchOut* outs,
+                          bint stream, bint crc, const ColumnSink* base, BatchOut* outs,
                           uint64_t* claim) noexcept nogil:
     """The fill pass over the placed batches ``claim`` hands out from the back, last first,
     each written at its place (through its own streams when ``stream``: these places precede
@@ -181,10 +209,12 @@ cdef void _fill_from_back(_Regions regs, int64_t lo, int64_t hi, int64_t limit, 
         if i < 0:
             break
         o = &outs[i]
+        if not _fill_crc_ok(&regs.items[i], crc, o):
+            break
         if o.size.n == 0 or o.start.n >= limit:
             continue
         # The batch this end takes next (if still free) is the one before.
-        _sink_at_place(&s, base, o, &regs.items[i - 1] if i > 0 else NULL)
+        _sink_at_place(&s, base, o, &regs.items[i - 1] if i > 0 else NULL, crc)
         out = _open_streams(&s) if stream else NULL
         st = decode_region_columns(&regs.items[i], regs.items[i].header, lo, hi, limit,
                                    headers, &s, out, &o.err_pos)
@@ -238,7 +268,7 @@ cdef void _fill_tail(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo, in
     for i in range(i0, i1):
         reg = &regs.items[i]
         h = reg.header
-        if reg.crc_pending and crc32c_c(reg.data + h.position + 21, h.size - 21) != h.crc:
+        if _crc_bad(reg):
             outs[i].status = ST_CRC
             outs[i].err_pos = h.position
             break
@@ -360,6 +390,7 @@ cdef class _DecodeJob:
     cdef ColumnSink tail   # the one-pass tail's sink, with its running totals
     cdef bint stream       # fill through streamed stores (the output outgrows the caches)
     cdef uint64_t claim    # the placed batches still free: front << 32 | back
+    cdef bint crc_in_fill  # the fill checks the CRCs (sizes predicted: no counting pass)
 
     def __dealloc__(self):
         free(self.outs)
@@ -370,27 +401,29 @@ cdef class _DecodeJob:
     def fill(self, Py_ssize_t i0, Py_ssize_t i1):
         with nogil:
             _fill_batches(self.regs, i0, i1, self.lo, self.hi, self.limit, self.headers,
-                          self.stream, &self.sink, self.outs, NULL)
+                          self.stream, self.crc_in_fill, &self.sink, self.outs, NULL)
 
     def fill_head(self, Py_ssize_t n):
         """The fill from the front of batches [0, n), shared with the thread of fill_tail or
         fill_back."""
         with nogil:
             _fill_batches(self.regs, 0, n, self.lo, self.hi, self.limit, self.headers,
-                          self.stream, &self.sink, self.outs, &self.claim)
+                          self.stream, self.crc_in_fill, &self.sink, self.outs, &self.claim)
 
     def fill_back(self):
         """The fill from the back, sharing the batches with fill_head's thread."""
         with nogil:
             _fill_from_back(self.regs, self.lo, self.hi, self.limit, self.headers,
-                            self.stream, &self.sink, self.outs, &self.claim)
+                            self.stream, self.crc_in_fill, &self.sink, self.outs,
+                            &self.claim)
 
     def fill_tail(self, Py_ssize_t i0, Py_ssize_t i1):
         """The one-pass tail, then whatever head batches fill_head has not taken yet."""
         with nogil:
             _fill_tail(self.regs, i0, i1, self.lo, self.hi, self.stream, &self.tail, self.outs)
             _fill_from_back(self.regs, self.lo, self.hi, self.limit, self.headers,
-                            self.stream, &self.sink, self.outs, &self.claim)
+                            self.stream, self.crc_in_fill, &self.sink, self.outs,
+                            &self.claim)
 
 
 cdef Region* _new_region(_DecodeJob job) except NULL:

@@ -8,6 +8,7 @@ to compute their expectations.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import sys
@@ -217,6 +218,40 @@ class FakeClock:
     def advance(self, ms: int) -> int:
         self.now += ms
         return self.now
+
+
+@contextlib.contextmanager
+def core_settings(**knobs):
+    """Set the compiled core's test and tuning knobs for a block (``parallel_min_bytes=0``
+    calls ``_core._set_parallel_min_bytes(0)``), restoring each one after."""
+    from segstore import _core
+    old = {}
+    try:
+        for name, value in knobs.items():
+            old[name] = getattr(_core, "_set_" + name)(value)
+        yield
+    finally:
+        for name, value in old.items():
+            getattr(_core, "_set_" + name)(value)
+
+
+@contextlib.contextmanager
+def rewritten_between_passes(buf: bytearray, new: bytes):
+    """Overwrite ``buf`` in place with ``new`` (same length) just before the next column
+    decode's fill pass (after its counting pass, or its prediction of sizes)."""
+    from segstore import _core
+    done = []
+
+    def hook():
+        if not done:
+            buf[:] = new
+            done.append(True)
+
+    old = _core._set_between_passes(hook)
+    try:
+        yield done
+    finally:
+        _core._set_between_passes(old)
 
 
 @pytest.fixture

@@ -279,7 +279,7 @@ def test_an_interrupted_decode_keeps_its_arrays_until_its_thread_is_done(monkeyp
     gate = threading.Event()
     futures = []
     real = _core._second_core
-    second_core = _late_second_core(("fill", "fill_tail"), gate, futures)
+    second_core = _late_second_core(("fill", "fill_tail", "fill_back"), gate, futures)
 
     monkeypatch.setattr(_core, "_second_core", second_core)
     try:

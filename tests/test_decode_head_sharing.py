@@ -21,13 +21,16 @@ from segstore import _core
 
 @pytest.fixture
 def two_threads():
+    # The counting pass's paths: no placement by predicted sizes (test_decode_predicted.py).
     old = (_core._set_parallel_min_bytes(0), _core._set_tail_share(0.4),
-           _core._set_stream_min_bytes(1 << 62), _core._set_head_from_front(True))
+           _core._set_stream_min_bytes(1 << 62), _core._set_head_from_front(True),
+           _core._set_predict_sizes(False))
     yield
     _core._set_parallel_min_bytes(old[0])
     _core._set_tail_share(old[1])
     _core._set_stream_min_bytes(old[2])
     _core._set_head_from_front(old[3])
+    _core._set_predict_sizes(old[4])
 
 
 def _log(n_batches: int, seed: int, headers: bool = False) -> bytes:

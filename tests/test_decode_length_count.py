@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import batch_spans, check_columns, columns_tuples, fix_crc, rec_tuple
+from conftest import batch_spans, check_columns, columns_tuples, core_settings, fix_crc, rec_tuple
 from segstore import _core
 from segstore.errors import CorruptRecordError
 
@@ -22,21 +22,21 @@ PER_BATCH = 6
 
 @pytest.fixture(params=["one thread", "two threads", "one-pass tail", "two threads streamed",
                         "head filled from the back", "head from the back streamed",
-                        "two threads from the back"])
+                        "two threads from the back", "predicted", "predicted from the back"])
 def split(request):
+    # "predicted": the log's like batches are placed by predicted sizes; at any damage the
+    # decode falls back to the counting pass, which must still name the first.
     min_bytes, share = {"one thread": (1 << 62, 0.0), "two threads": (0, 0.0),
                         "one-pass tail": (0, 0.4), "two threads streamed": (0, 0.0),
                         "head filled from the back": (0, 0.4),
                         "head from the back streamed": (0, 0.4),
-                        "two threads from the back": (0, 0.0)}[request.param]
-    old = (_core._set_parallel_min_bytes(min_bytes), _core._set_tail_share(share),
-           _core._set_stream_min_bytes(0 if "streamed" in request.param else 1 << 62),
-           _core._set_head_from_front("back" not in request.param))
-    yield request.param
-    _core._set_parallel_min_bytes(old[0])
-    _core._set_tail_share(old[1])
-    _core._set_stream_min_bytes(old[2])
-    _core._set_head_from_front(old[3])
+                        "two threads from the back": (0, 0.0), "predicted": (0, 0.0),
+                        "predicted from the back": (0, 0.0)}[request.param]
+    with core_settings(parallel_min_bytes=min_bytes, tail_share=share,
+                       stream_min_bytes=0 if "streamed" in request.param else 1 << 62,
+                       head_from_front="back" not in request.param,
+                       predict_sizes="predicted" in request.param):
+        yield request.param
 
 
 def _log() -> bytes:

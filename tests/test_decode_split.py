@@ -23,17 +23,20 @@ from segstore.errors import CorruptRecordError
 SHARES = [0.0, 0.4, 0.9]
 
 
-@pytest.fixture(params=["plain stores", "streamed"])
+@pytest.fixture(params=["plain stores", "streamed", "predicted", "predicted streamed"])
 def split_everything(request):
     """Two threads (and the tail share a test sets) on every log, writing the columns with
-    plain stores or, as decodes larger than the caches do, through streams."""
+    plain stores or, as decodes larger than the caches do, through streams; counting every
+    batch, or ("predicted") placing the logs' runs of like batches by predicted sizes."""
     old_min = _core._set_parallel_min_bytes(0)
     old_share = _core._set_tail_share(0.4)
-    old_stream = _core._set_stream_min_bytes(0 if request.param == "streamed" else 1 << 62)
+    old_stream = _core._set_stream_min_bytes(0 if "streamed" in request.param else 1 << 62)
+    old_predict = _core._set_predict_sizes("predicted" in request.param)
     yield
     _core._set_parallel_min_bytes(old_min)
     _core._set_tail_share(old_share)
     _core._set_stream_min_bytes(old_stream)
+    _core._set_predict_sizes(old_predict)
 
 
 def _log(seed: int, n_batches: int = 9) -> bytes:

@@ -29,6 +29,7 @@ MODES = {
     "two threads": (0, 0.0),
     "one-pass tail": (0, 0.4),
     "all tail": (0, 0.99),
+    "predicted": (0, 0.0),   # runs of like batches placed by predicted sizes
 }
 
 
@@ -36,11 +37,13 @@ MODES = {
 def mode(request):
     min_bytes, share = MODES[request.param]
     old = (_core._set_parallel_min_bytes(min_bytes), _core._set_tail_share(share),
-           _core._set_stream_min_bytes(1 << 62))
+           _core._set_stream_min_bytes(1 << 62),
+           _core._set_predict_sizes(request.param == "predicted"))
     yield request.param
     _core._set_parallel_min_bytes(old[0])
     _core._set_tail_share(old[1])
     _core._set_stream_min_bytes(old[2])
+    _core._set_predict_sizes(old[3])
 
 
 def _decode_both(buf, **kw):
@@ -126,9 +129,10 @@ def _guarded_decode():
     inaccessible page, values of every short length; the 32-byte staged copies must not read
     past the record region."""
     _core._set_stream_min_bytes(0)
-    for min_bytes, share in MODES.values():
+    for name, (min_bytes, share) in MODES.items():
         _core._set_parallel_min_bytes(min_bytes)
         _core._set_tail_share(share)
+        _core._set_predict_sizes(name == "predicted")
         for last in range(0, 70):
             buf = _log([5, 200, 31, last], [3, 0, 17, last % 20], per_batch=2, seed=last)
             cols = _core.decode_columns(guarded_copy(buf))
