@@ -11,9 +11,9 @@
 # that means a wrong prediction, and the decode falls back to counting every batch, as it
 # does at any damage (so the first damage in batch order is the one named).
 
-# At most one batch in PREDICT_RUN (plus two) may be counted to predict the others: past that
-# the batches vary too much for a one-thread count before the fill to beat the parallel
-# counting pass.
+# At most one batch in PREDICT_RUN (plus two) may be counted to predict the others, at every
+# point of the range: past that the batches vary too much for a one-thread count before the
+# fill to beat the parallel counting pass, and a log of varied batches gives up after three.
 cdef Py_ssize_t PREDICT_RUN = 16
 cdef bint PREDICT_SIZES = True
 cdef int64_t _predicted = 0      # decodes placed by prediction
@@ -85,7 +85,7 @@ cdef bint _predict_each(_DecodeJob job) noexcept:
                 break
         else:
             counted += 1
-            if counted > regs.n // PREDICT_RUN + 2 or not count_region_sizes(reg, reg.header, &s):
+            if counted > i // PREDICT_RUN + 2 or not count_region_sizes(reg, reg.header, &s):
                 return False
             job.outs[i].size = s.at
             # The newest sample first; the oldest drops out.

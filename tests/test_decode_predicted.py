@@ -108,7 +108,7 @@ def test_like_batches_are_predicted_and_decode_like_the_records(predicting, per_
 
 
 def test_runs_of_different_batches_are_each_predicted_from_their_first(predicting):
-    # Nulls, empty cells and three batch shapes: four batches counted of 40 (budget 40 // 16 + 2).
+    # Nulls, empty cells and four batch shapes, each counted once where its run starts.
     buf = _log([(12, 5, 16, 40), (12, 3, -1, 0), (12, 9, 0, -1), (4, 2, 3, 3)], seed=1)
     cols, predicted, fallbacks = _decode(buf)
     assert (predicted, fallbacks) == (1, 0)
@@ -118,7 +118,7 @@ def test_runs_of_different_batches_are_each_predicted_from_their_first(predictin
 def test_a_short_batch_between_runs_does_not_restart_the_run(predicting):
     # Seven full batches, then a short one where a producer's chunk ended, five times over:
     # two batches counted (the first full one and the first short one), the rest predicted.
-    # Comparing each batch with the last counted one only would count ten of 40 (budget 4).
+    # Comparing each batch with the last counted one only would count ten of 40.
     buf = _log([(7, 6, 8, 20), (1, 2, 8, 20)] * 5, seed=13)
     cols, predicted, fallbacks = _decode(buf)
     assert (predicted, fallbacks) == (1, 0)
@@ -128,6 +128,26 @@ def test_a_short_batch_between_runs_does_not_restart_the_run(predicting):
 def test_shapes_past_the_samples_kept_are_counted_again(predicting):
     # Five shapes in turn: each batch is unlike the four kept, so all 40 would be counted.
     buf = _log([(1, 3, 8, 20 + k) for k in range(5)] * 8, seed=14)
+    cols, predicted, _ = _decode(buf)
+    assert predicted == 0
+    _like_records(cols, buf)
+
+
+@pytest.mark.parametrize("codec", [1, 3])
+def test_compressed_batches_are_predicted_by_their_inflated_records(predicting, codec):
+    rng = random.Random(15)
+    buf = b"".join(_core.encode_batch([rng.randbytes(8) * 4 for _ in range(6)],
+                                      [rng.randbytes(8) for _ in range(6)], None,
+                                      [1_000 + i for i in range(6)], base_offset=6 * b,
+                                      compression=codec) for b in range(12))
+    cols, predicted, fallbacks = _decode(buf)
+    assert (predicted, fallbacks) == (1, 0)
+    _like_records(cols, buf)
+
+
+def test_a_log_that_starts_varied_gives_up_early(predicting):
+    # Three unlike batches first: more than one in 16 (plus two) counted so far.
+    buf = _log([(1, 3, 8, 20 + k) for k in range(3)] + [(30, 3, 8, 20)], seed=16)
     cols, predicted, _ = _decode(buf)
     assert predicted == 0
     _like_records(cols, buf)
