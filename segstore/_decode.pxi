@@ -495,8 +495,9 @@ def _set_head_from_front(bint on):
 
 def _set_between_passes(hook):
     """Tests: run ``hook()`` in every column decode just before its fill pass (after the
-    counting pass or the prediction of sizes, once the arrays are allocated), as another
-    writer of the buffer could; None turns it off. Returns the previous hook."""
+    counting pass or the prediction of sizes, once the arrays are allocated; a predicted
+    decode that falls back runs it again before the counted fill), as another writer of the
+    buffer could; None turns it off. Returns the previous hook."""
     global _between_passes
     old = _between_passes
     _between_passes = hook

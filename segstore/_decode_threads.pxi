@@ -19,8 +19,17 @@ cdef extern from *:
                 return from_back ? (int64_t)(b - 1) : (int64_t)f;
         }
     }
+    /* Hand out no more batches (back = front): a decode that falls back needs no more. */
+    static inline void seg_claim_close(uint64_t* word) {
+        uint64_t s = __atomic_load_n(word, __ATOMIC_ACQUIRE), f;
+        do {
+            f = s >> 32;
+        } while (!__atomic_compare_exchange_n(word, &s, (f << 32) | f, 1, __ATOMIC_ACQ_REL,
+                                              __ATOMIC_ACQUIRE));
+    }
     """
     int64_t seg_claim(uint64_t* word, int from_back) nogil
+    void seg_claim_close(uint64_t* word) nogil
 
 cdef enum:
     CLAIM_MAX = 0x7fffffff   # most batches a claim word hands out (each end has 32 bits)
@@ -147,6 +156,14 @@ cdef inline bint _fill_crc_ok(const Region* reg, bint crc, BatchOut* o) noexcept
     return True
 
 
+cdef inline void _stop_if_falling_back(bint failed, bint crc, uint64_t* claim) noexcept nogil:
+    """A fill that checks CRCs (its sizes predicted) falls back to counting at any batch that
+    fails: the other thread is then told to take no more batches, where in a counted fill it
+    goes on up to the failed one (so that the first damage in order is found)."""
+    if failed and crc and claim != NULL:
+        seg_claim_close(claim)
+
+
 cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
                         int64_t hi, int64_t limit, bint headers, bint stream, bint crc,
                         const ColumnSink* base, BatchOut* outs,
@@ -163,6 +180,7 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
     cdef ColumnStreams* out = NULL
     cdef ColumnCounts end
     cdef int st
+    cdef bint failed = False
     cdef size_t run_lo = 0, run_hi = 0
     while True:
         i = seg_claim(claim, 0) if claim != NULL else i + 1
@@ -170,6 +188,7 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
             break
         o = &outs[i]
         if not _fill_crc_ok(&regs.items[i], crc, o):
+            failed = True
             break
         if o.size.n == 0 or o.start.n >= limit:
             continue
@@ -183,9 +202,11 @@ cdef void _fill_batches(_Regions regs, Py_ssize_t i0, Py_ssize_t i1, int64_t lo,
                                    &s, out, &o.err_pos)
         if st != ST_OK or not _counts_equal(&s.at, &s.cap):
             o.status = _recount(&regs.items[i], lo, hi, headers, &o.err_pos)
+            failed = True
             break
         end = s.at
         _release_batch(&regs.items[i], &run_lo, &run_hi, False)
+    _stop_if_falling_back(failed, crc, claim)
     if out != NULL:
         _close_streams(out)
     _release_batch(NULL, &run_lo, &run_hi, True)
@@ -203,6 +224,7 @@ cdef void _fill_from_back(_Regions regs, int64_t lo, int64_t hi, int64_t limit, 
     cdef BatchOut* o
     cdef ColumnStreams* out
     cdef int st
+    cdef bint failed = False
     cdef size_t run_lo = 0, run_hi = 0
     while True:
         i = seg_claim(claim, 1)
@@ -210,6 +232,7 @@ cdef void _fill_from_back(_Regions regs, int64_t lo, int64_t hi, int64_t limit, 
             break
         o = &outs[i]
         if not _fill_crc_ok(&regs.items[i], crc, o):
+            failed = True
             break
         if o.size.n == 0 or o.start.n >= limit:
             continue
@@ -222,8 +245,10 @@ cdef void _fill_from_back(_Regions regs, int64_t lo, int64_t hi, int64_t limit, 
             _close_streams(out)
         if st != ST_OK or not _counts_equal(&s.at, &s.cap):
             o.status = _recount(&regs.items[i], lo, hi, headers, &o.err_pos)
+            failed = True
             break
         _release_batch(&regs.items[i], &run_lo, &run_hi, False, True)
+    _stop_if_falling_back(failed, crc, claim)
     _release_batch(NULL, &run_lo, &run_hi, True, True)
 
 

@@ -125,11 +125,15 @@ def test_a_short_batch_between_runs_does_not_restart_the_run(predicting):
     _like_records(cols, buf)
 
 
-def test_shapes_past_the_samples_kept_are_counted_again(predicting):
-    # Five shapes in turn: each batch is unlike the four kept, so all 40 would be counted.
-    buf = _log([(1, 3, 8, 20 + k) for k in range(5)] * 8, seed=14)
+@pytest.mark.parametrize("shapes,expected", [(4, 1), (5, 0)])
+def test_shapes_past_the_samples_kept_are_counted_again(predicting, shapes, expected):
+    """A long run, then ``shapes`` batch shapes in turn. Four fit the samples kept: each is
+    counted once (5 of 106 batches, within the budget of 106 // 16 + 2). A fifth evicts the
+    oldest each time, so every later batch is counted and the budget runs out."""
+    runs = [(96, 3, 8, 20)] + [(1, 3, 8, 21 + k % shapes) for k in range(10)]
+    buf = _log(runs, seed=14)
     cols, predicted, _ = _decode(buf)
-    assert predicted == 0
+    assert predicted == expected
     _like_records(cols, buf)
 
 
@@ -223,8 +227,11 @@ def test_the_first_damage_in_batch_order_is_named(predicting):
     pos = _damage_record(buf, 1)
     later, size = batch_spans(buf)[10]
     buf[later + size - 2] ^= 0x40                # a value byte
+    before = _core._prediction_stats()
     with pytest.raises(CorruptRecordError) as err:
         _core.decode_columns(bytes(buf))
+    after = _core._prediction_stats()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
     assert err.value.position == pos
     assert "offset deltas" in err.value.reason
 
@@ -257,8 +264,10 @@ def test_a_buffer_changed_before_the_fill(predicting, validate_crc):
     buf = bytearray(before)
     with rewritten_between_passes(buf, after) as done:
         if validate_crc:
+            stats = _core._prediction_stats()
             with pytest.raises(CorruptRecordError) as err:
                 _core.decode_columns(buf)
+            assert _core._prediction_stats()[0] == stats[0] + 1
             assert "CRC" in err.value.reason
             assert err.value.position == batch_spans(after)[4][0]
         else:
