@@ -38,14 +38,11 @@ cdef bint _predict_sizes(_DecodeJob job, int64_t limit, bint validate_crc) noexc
     """Give every batch of a large whole-range decode (no max_records, no headers) its
     predicted size in ``job.outs``. False (``job.outs`` left clear for the counting pass) when
     the decode is not such a decode or its batches cannot be predicted."""
-    cdef _Regions regs = job.regs
-    if (not PREDICT_SIZES or limit != INT64_MAX_C or job.headers or job.counted != 0
-            or (_crc_fn == NULL and validate_crc) or regs.n < 2 or regs.n > CLAIM_MAX
-            or _region_bytes(regs, 0, regs.n) < PARALLEL_MIN_BYTES):
+    if not PREDICT_SIZES or not _large_whole_read(job, limit, validate_crc):
         return False
     if _predict_each(job):
         return True
-    memset(job.outs, 0, regs.n * sizeof(BatchOut))
+    _clear_outs(job)
     return False
 
 
@@ -105,7 +102,7 @@ cdef object _decode_predicted(_DecodeJob job, bint headers, topic, partition):
     cdef Py_ssize_t i, n = job.regs.n
     _place_outputs(job, n, INT64_MAX_C)
     if job.total.n == 0:
-        memset(job.outs, 0, n * sizeof(BatchOut))
+        _clear_outs(job)
         return None
     job.cap = job.total
     arrays = _arrays_for_fill(job, headers)
@@ -119,6 +116,6 @@ cdef object _decode_predicted(_DecodeJob job, bint headers, topic, partition):
             # Both threads are done with the arrays: they go back to the pool before the
             # counting pass sizes new ones.
             job.keep.remove(arrays)
-            memset(job.outs, 0, n * sizeof(BatchOut))
+            _clear_outs(job)
             return None
     return arrays.columns(&job.total, headers, topic, partition)

@@ -339,6 +339,21 @@ def _set_tail_share(double share):
     return old
 
 
+cdef bint _large_whole_read(_DecodeJob job, int64_t limit, bint validate_crc) noexcept:
+    """Whether a decode may check and copy batches in one pass, on two threads sharing them
+    through a claim word: a large range read whole (no max_records, no headers, nothing
+    counted yet) whose CRCs can be checked without the GIL."""
+    cdef _Regions regs = job.regs
+    return (limit == INT64_MAX_C and not job.headers and job.counted == 0
+            and not (_crc_fn == NULL and validate_crc) and 2 <= regs.n <= CLAIM_MAX
+            and _region_bytes(regs, 0, regs.n) >= PARALLEL_MIN_BYTES)
+
+
+cdef inline void _clear_outs(_DecodeJob job) noexcept:
+    """Every region's BatchOut zeroed, for a counting pass to fill anew."""
+    memset(job.outs, 0, job.regs.n * sizeof(BatchOut))
+
+
 cdef Py_ssize_t _tail_start(_DecodeJob job, int64_t limit, bint validate_crc) noexcept:
     """Where the one-pass tail of a large decode starts (regs.n: no tail). The head is counted
     by both threads, then copied by one while the other checks and copies the tail, split by
@@ -348,14 +363,9 @@ cdef Py_ssize_t _tail_start(_DecodeJob job, int64_t limit, bint validate_crc) no
     cdef _Regions regs = job.regs
     cdef int64_t total = 0, acc = 0
     cdef Py_ssize_t i
-    if (limit != INT64_MAX_C or job.headers or job.counted != 0
-            or (_crc_fn == NULL and validate_crc)):
-        return regs.n
-    if TAIL_SHARE <= 0 or regs.n < 2 or regs.n > CLAIM_MAX:
+    if TAIL_SHARE <= 0 or not _large_whole_read(job, limit, validate_crc):
         return regs.n
     total = _region_bytes(regs, 0, regs.n)
-    if total < PARALLEL_MIN_BYTES:
-        return regs.n
     for i in range(regs.n):
         if acc >= total * (1.0 - TAIL_SHARE):
             return i
