@@ -335,3 +335,16 @@ def test_log_reads_are_predicted(tmp_path):
         finally:
             _core._set_predict_sizes(old)
     assert cols.values.data.reshape(n, 100)[:, 0].tolist() == values[:, 0].tolist()
+
+
+@pytest.mark.parametrize("lib", ["kafka-python", "aiokafka"])
+def test_predicted_decodes_match_an_independent_parser(predicting, lib):
+    """Runs, a short batch between them, nulls and empty cells, against kafka-python's and
+    aiokafka's record classes (not segstore's own decoders)."""
+    from test_core_codec import oracle_log_records
+
+    buf = _log([(20, 6, 8, 20), (1, 2, 8, 20), (7, 6, 8, 20), (5, 4, -1, 0)], seed=17)
+    cols, predicted, fallbacks = _decode(buf)
+    assert (predicted, fallbacks) == (1, 0)
+    assert columns_tuples(cols, False) == [r[:5] + (None,)
+                                           for r in oracle_log_records(buf, lib)]
