@@ -55,6 +55,7 @@ ASAN_CC ?= gcc
 ASAN_TESTS := tests/test_asan_fuzz.py tests/test_damage.py tests/test_log_damage.py \
 	tests/test_log_damage_max_records.py tests/test_core_codec.py tests/test_decode_changed.py \
 	tests/test_decode_review.py tests/test_decode_split.py tests/test_decode_predicted.py \
+	tests/test_decode_release.py \
 	tests/test_varint_readers.py tests/test_find_batch.py tests/test_index.py tests/test_verify.py \
 	tests/test_cleaner_crc.py tests/test_readonly_crc.py tests/test_compression.py \
 	tests/test_offset_map.py tests/test_stream_out.py tests/test_kafka_file_compat.py \
