@@ -86,9 +86,10 @@ cdef size_t RELEASE_ALIGN = POOL_HUGE
 
 
 def _set_release(pair):
-    """Tune how decoded pages of a file mapping are dropped: ``(run_bytes, align)``, in runs of
-    at least ``run_bytes``, cut at multiples of ``align`` (a power of two from the page size
-    to ``run_bytes``; the page size cut like earlier builds). Returns the previous pair."""
+    """Tests and measurements: drop decoded pages of a file mapping in runs of at least
+    ``run_bytes``, cut at multiples of ``align`` (a power of two from the page size to
+    ``run_bytes``; the page size cuts anywhere, as before huge-page cuts). Takes and returns
+    ``(run_bytes, align)``."""
     global RELEASE_BYTES, RELEASE_ALIGN
     cdef size_t run_bytes = pair[0], align = pair[1]
     if align < PAGE or align & (align - 1) or run_bytes < align:
@@ -139,12 +140,7 @@ cdef inline void _release_batch(const Region* reg, size_t* run_lo, size_t* run_h
         else:
             run_hi[0] = b
     if last:
-        _release_range(run_lo[0], run_hi[0])
-        # The page the run ends in (its first, going down) goes with the next run.
-        if downward:
-            run_hi[0] = (run_lo[0] + PAGE - 1) & ~(PAGE - 1)
-        else:
-            run_lo[0] = run_hi[0] & ~(PAGE - 1)
+        _release_range(run_lo[0], run_hi[0])  # the fill's end: the run is not used again
     elif run_hi[0] - run_lo[0] >= RELEASE_BYTES:
         # Cut at the last RELEASE_ALIGN boundary the run has grown past: the rest, with the
         # huge page it is in, goes with the next run, so no huge mapping is split.

@@ -173,6 +173,17 @@ def map_vm_flags(path) -> list:
     return found
 
 
+def map_rss_kib(address: int) -> int:
+    """Resident kB of this process's mapping that holds ``address`` (/proc/self/smaps)."""
+    import re
+    with open("/proc/self/smaps") as f:
+        text = f.read()
+    for m in re.finditer(r"^([0-9a-f]+)-([0-9a-f]+) .*\n((?:[A-Z]\w*:.*\n)+)", text, re.M):
+        if int(m.group(1), 16) <= address < int(m.group(2), 16):
+            return int(re.search(r"^Rss:\s+(\d+) kB", m.group(3), re.M).group(1))
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
 def guarded_copy(data) -> memoryview:
     """``data`` (bytes-like) copied into anonymous memory that ends where an inaccessible page
     begins (Linux, through ctypes): code reading one byte past its end gets SIGSEGV, so a test

@@ -29,7 +29,7 @@ from aiokafka.record.memory_records import MemoryRecords as AioMemoryRecords
 from kafka.record.memory_records import MemoryRecords as KpMemoryRecords
 
 import segstore
-from conftest import FakeClock, batch_spans, legacy_message, legacy_wrapper, v2_header
+from conftest import FakeClock, batch_spans, legacy_message, legacy_wrapper, map_rss_kib, v2_header
 from segstore import TopicPartition, _core
 from segstore.cleaner import Cleaner, CleanerStats, PreCleanStats, Throttler, group_segments_by_size
 from segstore.cleaner.transactions import CleanedTransactionMetadata
@@ -1986,18 +1986,6 @@ def test_data_key_equal_to_a_marker_key_keeps_the_marker(root, clock):
     assert data_offsets(lg) == [0, 1, 2, 3]
 
 
-def _mapping_rss_kib(addr: int) -> int:
-    lines = open("/proc/self/smaps").read().split("\n")
-    for i, line in enumerate(lines):
-        start = line.split("-", 1)[0]
-        if line and not line.startswith(" ") and all(c in "0123456789abcdef" for c in start) \
-                and int(start, 16) == addr:
-            for rest in lines[i + 1:i + 20]:
-                if rest.startswith("Rss:"):
-                    return int(rest.split()[1])
-    raise AssertionError("mapping not found")
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
 def test_release_pages_drops_the_mapped_pages_and_keeps_the_data(tmp_path):
     """The cleaner drops a segment's mapped pages without the GIL (_core.release_pages): they
@@ -2011,9 +1999,9 @@ def test_release_pages_drops_the_mapped_pages_and_keeps_the_data(tmp_path):
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     arr = np.frombuffer(mm, dtype=np.uint8)
     arr[::4096].sum()                                  # map every page
-    before = _mapping_rss_kib(arr.ctypes.data)
+    before = map_rss_kib(arr.ctypes.data)
     _core.release_pages(mm, 5, (3 << 20) + 5)           # pages 0 .. the one holding byte 3M+4
-    after = _mapping_rss_kib(arr.ctypes.data)
+    after = map_rss_kib(arr.ctypes.data)
     assert before - after >= 3 << 10
     assert bytes(mm[:]) == data
     _core.release_pages(mm, 7, 7)                       # empty: nothing

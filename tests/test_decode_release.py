@@ -11,12 +11,11 @@ maps a huge-folio file whole before the fill, so a test here could not tell the 
 from __future__ import annotations
 
 import mmap
-import re
 
 import numpy as np
 import pytest
 
-from conftest import columns_tuples, core_settings
+from conftest import columns_tuples, core_settings, map_rss_kib
 from segstore import _core
 from segstore.columns import BinaryColumn
 
@@ -41,16 +40,6 @@ def log_file(tmp_path_factory):
     return path, data
 
 
-def _map_rss_kib(address: int) -> int:
-    """Resident kB of the mapping that holds ``address`` (from /proc/self/smaps)."""
-    with open("/proc/self/smaps") as f:
-        text = f.read()
-    for m in re.finditer(r"^([0-9a-f]+)-([0-9a-f]+) .*\n((?:[A-Z]\w*:.*\n)+)", text, re.M):
-        if int(m.group(1), 16) <= address < int(m.group(2), 16):
-            return int(re.search(r"^Rss:\s+(\d+) kB", m.group(3), re.M).group(1))
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
 def _decode_mapped(path, release: bool):
     """Decode the file through a fresh read-only map: (columns, the map's resident kB after
     the decode)."""
@@ -59,7 +48,7 @@ def _decode_mapped(path, release: bool):
         address = view.ctypes.data
         del view  # the map cannot close while an array exports it
         cols = _core.decode_columns_multi([(m, 0, len(m), str(path), release)])
-        return cols, _map_rss_kib(address)
+        return cols, map_rss_kib(address)
 
 
 SETTINGS = [
