@@ -13,7 +13,13 @@ means equal throughput, so the target is a ratio of at least 0.8):
 * ``df.write.format("segstore")`` of the same 1M records (cached in Spark) into a 4-partition
   topic, commit included (staging, append with offset assignment, fsync), against an Arrow
   writer that iterates its input and discards it. Before every timed write (either side) the
-  page cache is synced, untimed, so no run pays for the previous run's writeback.
+  page cache is synced, untimed, so no run pays for the previous run's writeback;
+* (report) the same discarding writer against a raw file writer that writes the Arrow buffers
+  it receives, untouched, as segstore's staging writes its files (4 MiB ``writev`` calls,
+  writeback started every MiB, one ``fdatasync``), with no encoding and no commit: what
+  putting 124 MB durably into files costs on the machine, the ceiling of the ratio above;
+  and (report) segstore's writer against that raw file writer, the share of segstore's own
+  work (routing, encoding, the commit).
 
 Each ratio is the best of five interleaved runs after three untimed warm-up runs per side (the
 JVM's JIT and Spark's Python workers settle over the first jobs). Every timed write starts from a fresh store, created untimed. The baselines are
@@ -81,8 +87,24 @@ def spark_dataset_cache(_bench=None) -> dict:
 spark_dataset_cache.timeout = 900
 
 
+def _write_all(fd: int, buffers: list) -> int:
+    """``writev`` of every byte of ``buffers`` (continuing short writes); bytes written."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    total = 0
+    while views:
+        done = os.writev(fd, views[:512])
+        total += done
+        while views and done >= views[0].nbytes:
+            done -= views[0].nbytes
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
+    return total
+
+
 def _baselines():
-    """The in-memory source and the discarding sink (classes built here, pickled by value)."""
+    """The in-memory source, the discarding sink and the raw file sink (classes built here,
+    pickled by value)."""
     from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
                                         InputPartition, WriterCommitMessage)
 
@@ -110,8 +132,46 @@ def _baselines():
                 pass
             return Done()
 
+    class RawFileWriter(DataSourceArrowWriter):
+        """The floor of any durable file sink: each task writes the Arrow buffers it receives,
+        untouched, to one file in ``directory``, as segstore's staging writes (4 MiB
+        ``writev`` calls, the writeback of every MiB started at once, one ``fdatasync`` at
+        the end). No encoding, no routing, no commit."""
+
+        def __init__(self, directory):
+            self.directory = directory
+
+        def write(self, iterator):
+            import ctypes
+            import uuid
+
+            sync_range = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
+            if sync_range is not None:  # Linux
+                sync_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                       ctypes.c_uint]
+            fd = os.open(os.path.join(self.directory, uuid.uuid4().hex),
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                pending, pending_bytes, written, started = [], 0, 0, 0
+                for batch in iterator:
+                    for column in batch.columns:
+                        pending.extend(b for b in column.buffers() if b is not None)
+                        pending_bytes += sum(b.size for b in column.buffers() if b is not None)
+                    if pending_bytes >= 4 << 20:
+                        written += _write_all(fd, pending)
+                        pending, pending_bytes = [], 0
+                        if sync_range is not None and written - started >= 1 << 20:
+                            sync_range(fd, started, written - started, 2)  # SYNC_FILE_RANGE_WRITE
+                            started = written
+                _write_all(fd, pending)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            return Done()
+
     class MemorySource(DataSource):
-        """Yields pre-built Arrow batches from memory-mapped IPC files (option ``files``)."""
+        """Yields pre-built Arrow batches from memory-mapped IPC files (option ``files``);
+        writes discard their input, or with option ``rawDir`` go to :class:`RawFileWriter`."""
 
         @classmethod
         def name(cls):
@@ -124,6 +184,8 @@ def _baselines():
             return MemoryReader(self.options["files"].split(","))
 
         def writer(self, schema, overwrite):
+            if "rawDir" in self.options:
+                return RawFileWriter(self.options["rawDir"])
             return DiscardWriter()
 
     return MemorySource
@@ -208,9 +270,10 @@ class SparkWrite:
         self.target = os.path.abspath("spark-sink")
         for _ in range(WARMUP_RUNS):  # untimed: the JVM's JIT settles over the first jobs
             self._discard()
-            run, cleanup = self._make_segstore()
-            run()
-            cleanup()
+            for make in (self._make_segstore, self._make_raw):
+                run, cleanup = make()
+                run()
+                cleanup()
 
     def teardown(self, meta):
         self.df.unpersist()
@@ -243,7 +306,37 @@ class SparkWrite:
                 raise AssertionError(f"the sink holds {n} records, not {N_RECORDS}")
         return run, check
 
+    def _make_raw(self):
+        raw = self.target + "-raw"
+        shutil.rmtree(raw, ignore_errors=True)
+        os.makedirs(raw)
+        os.sync()  # untimed, as for the others
+
+        def run():
+            (self.df.write.format("segstore_bench_memory").mode("append").option("rawDir", raw)
+             .save())
+
+        def check():
+            size = sum(os.path.getsize(os.path.join(raw, n)) for n in os.listdir(raw))
+            shutil.rmtree(raw, ignore_errors=True)
+            if size < N_RECORDS * 116:  # 16-byte keys, 100-byte values, plus offsets
+                raise AssertionError(f"the raw sink wrote {size} bytes")
+        return run, check
+
     def track_ratio_write_vs_discarding_writer(self, meta):
         t_discard, t_segstore = best_of_pair_fresh(self._make_discard, self._make_segstore,
                                                    self.repeats)
         return t_discard / t_segstore
+
+    def track_ratio_raw_file_writer_vs_discarding_writer(self, meta):
+        """(report) What writing the same bytes durably costs on this machine, with no
+        encoding and no commit: the ceiling of segstore's ratio above."""
+        t_discard, t_raw = best_of_pair_fresh(self._make_discard, self._make_raw, self.repeats)
+        return t_discard / t_raw
+
+    def track_ratio_write_vs_raw_file_writer(self, meta):
+        """(report) segstore's writer against the raw file writer: what routing, encoding
+        and the exactly-once commit cost on top of the durable writes themselves."""
+        t_raw, t_segstore = best_of_pair_fresh(self._make_raw, self._make_segstore,
+                                               self.repeats)
+        return t_raw / t_segstore
