@@ -22,8 +22,9 @@ means equal throughput, so the target is a ratio of at least 0.8):
   work (routing, encoding, the commit).
 
 Each ratio is the best of five interleaved runs after three untimed warm-up runs per side (the
-JVM's JIT and Spark's Python workers settle over the first jobs). Every timed write starts from a fresh store, created untimed. The baselines are
-defined in this module and pickled by value, so Spark's Python workers need no path to it.
+JVM's JIT and Spark's Python workers settle over the first jobs). Every timed write starts from
+a fresh store or directory, created untimed. The baselines are defined in this module and
+pickled by value, so Spark's Python workers need no path to it.
 The suite needs pyspark, pyarrow and Java; without them the benchmarks show "n/a".
 """
 
