@@ -88,21 +88,6 @@ def spark_dataset_cache(_bench=None) -> dict:
 spark_dataset_cache.timeout = 900
 
 
-def _write_all(fd: int, buffers: list) -> int:
-    """``writev`` of every byte of ``buffers`` (continuing short writes); bytes written."""
-    views = [memoryview(b).cast("B") for b in buffers]
-    total = 0
-    while views:
-        done = os.writev(fd, views[:512])
-        total += done
-        while views and done >= views[0].nbytes:
-            done -= views[0].nbytes
-            views.pop(0)
-        if done:
-            views[0] = views[0][done:]
-    return total
-
-
 def _baselines():
     """The in-memory source, the discarding sink and the raw file sink (classes built here,
     pickled by value)."""
@@ -143,28 +128,29 @@ def _baselines():
             self.directory = directory
 
         def write(self, iterator):
-            import ctypes
             import uuid
 
-            sync_range = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
-            if sync_range is not None:  # Linux
-                sync_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                       ctypes.c_uint]
+            # The staging's own writev loop and writeback start: the same I/O, nothing else.
+            from segstore.spark.staging import (COALESCE_BYTES, WRITEBACK_BYTES, start_writeback,
+                                                writev_all)
+
             fd = os.open(os.path.join(self.directory, uuid.uuid4().hex),
                          os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 pending, pending_bytes, written, started = [], 0, 0, 0
                 for batch in iterator:
                     for column in batch.columns:
-                        pending.extend(b for b in column.buffers() if b is not None)
-                        pending_bytes += sum(b.size for b in column.buffers() if b is not None)
-                    if pending_bytes >= 4 << 20:
-                        written += _write_all(fd, pending)
+                        bufs = [memoryview(b).cast("B") for b in column.buffers() if b is not None]
+                        pending.extend(bufs)
+                        pending_bytes += sum(b.nbytes for b in bufs)
+                    if pending_bytes >= COALESCE_BYTES:
+                        writev_all(fd, pending)
+                        written += pending_bytes
                         pending, pending_bytes = [], 0
-                        if sync_range is not None and written - started >= 1 << 20:
-                            sync_range(fd, started, written - started, 2)  # SYNC_FILE_RANGE_WRITE
+                        if written - started >= WRITEBACK_BYTES:
+                            start_writeback(fd, started, written - started)
                             started = written
-                _write_all(fd, pending)
+                writev_all(fd, pending)
                 os.fdatasync(fd)
             finally:
                 os.close(fd)

@@ -146,15 +146,21 @@ class _StagingFile:
         self.pending_bytes = 0
 
     def write_pending(self) -> None:
-        """Write the gathered views with writev calls (looping over short writes)."""
+        """Write the gathered views (see :func:`writev_all`)."""
         views, self.pending, self.pending_bytes = self.pending, [], 0
-        while views:
-            done = os.writev(self.fd, views[:MAX_IOVECS])
-            while views and done >= views[0].nbytes:
-                done -= views[0].nbytes
-                views.pop(0)
-            if done:
-                views[0] = views[0][done:]
+        writev_all(self.fd, views)
+
+
+def writev_all(fd: int, views: list) -> None:
+    """Write every byte of ``views`` (byte memoryviews, consumed) at ``fd``'s position with
+    writev calls of at most MAX_IOVECS buffers, continuing short writes."""
+    while views:
+        done = os.writev(fd, views[:MAX_IOVECS])
+        while views and done >= views[0].nbytes:
+            done -= views[0].nbytes
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
 
 
 class Stager:
