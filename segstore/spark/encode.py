@@ -17,10 +17,15 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from .. import _core
+from ..column_append import BATCH_OVERHEAD, RECORD_OVERHEAD_MAX
 from ..columns import BinaryColumn
 from ..errors import InvalidRecordError, RecordTooLargeError, UnknownTopicOrPartitionError
 
 RECORDS_PER_BATCH = 4096  # what PartitionLog.append_columns uses
+# A header count above 127 takes up to 4 more bytes than column_append's bound; each header
+# adds its key and value lengths, 5 bytes at most each.
+RECORD_WITH_HEADERS_OVERHEAD_MAX = RECORD_OVERHEAD_MAX + 4
+HEADER_OVERHEAD_MAX = 10
 
 
 @dataclass(frozen=True)
@@ -281,17 +286,26 @@ class BatchRouter:
         vals = values.to_pylist()
         ks = keys.to_pylist() if keys is not None else [None] * len(vals)
         hs = _headers_lists(headers_arr)
-        # Sizes bound each batch by max.message.bytes (headers included), like append_batch.
-        sizes = (values.lengths + (keys.lengths if keys is not None else 0) + 32).tolist()
+        # An upper bound of each record's encoded size (varints at their widest), so a batch of
+        # them fits max.message.bytes with its header; a record too large alone is refused
+        # below, as _encode_columns refuses it.
+        sizes = (values.lengths + (keys.lengths if keys is not None else 0)
+                 + RECORD_WITH_HEADERS_OVERHEAD_MAX).tolist()
+        limit = info.max_batch_bytes - BATCH_OVERHEAD
         out, start, acc = [], 0, 0
         for i in range(len(vals) + 1):
             if i < len(vals):
-                extra = sizes[i] + sum(len(k) + len(v or b"") + 8 for k, v in hs[i] or ())
-            if i == len(vals) or (i > start and (acc + extra > info.max_batch_bytes
+                extra = sizes[i] + sum(len(k.encode("utf-8")) + len(v or b"")
+                                       + HEADER_OVERHEAD_MAX for k, v in hs[i] or ())
+            if i == len(vals) or (i > start and (acc + extra > limit
                                                  or i - start >= RECORDS_PER_BATCH)):
                 out.append(_core.encode_batch(vals[start:i], ks[start:i], hs[start:i], now,
                                               compression=info.codec,
                                               compression_level=info.level))
+                if len(out[-1]) > info.max_message_bytes:
+                    raise RecordTooLargeError(
+                        f"a record with headers encodes to a {len(out[-1])}-byte batch, over "
+                        f"the topic's max.message.bytes={info.max_message_bytes}")
                 start, acc = i, 0
             if i < len(vals):
                 acc += extra
