@@ -39,6 +39,7 @@ from .topic import (PARTITION_MARKER, damaged_topic_error, discover_topics, host
                     writable_open_error)
 from .cleaner import LogCleaner
 from .segment_delete_queue import SegmentDeleteQueue
+from .staged_commit import settle as settle_staged_commits
 from .store_retention import RetentionPasses
 from .store_services import ScheduledTasks
 from .store_topics import TopicAdmin
@@ -113,6 +114,13 @@ class LogStore(TopicAdmin, ScheduledTasks, RetentionPasses):
             self._load(clean_shutdown=clean, topics=topics)
         except BaseException:
             self._file_lock.release()
+            raise
+        try:
+            # A Spark commit that died left records no job committed: they go before anything
+            # can append after them, expire them or compact older values away with them.
+            settle_staged_commits(self)
+        except BaseException:
+            self.close()  # the manifest stays: the next writable open tries again
             raise
 
     # -- loading ----------------------------------------------------------------------------

@@ -4,22 +4,24 @@ Tasks write encoded v2 batches to ``<root>/.staging/<job>/`` (one file per task 
 partition), sync them, and report them (with each file's fingerprint) in a
 :class:`StagedCommitMessage`. The driver-side commit, holding the store's writer lock, then:
 
-1. finishes any commit a dead process left behind (see :func:`recover`);
-2. writes ``_manifest.json`` naming every partition's log end offset before the commit;
+1. finishes any commit a dead process left behind (the store's writable open already did, see
+   :mod:`segstore.staged_commit`);
+2. writes ``_manifest.json`` naming every partition's log end offset before the commit and
+   every staged file;
 3. adopts each run of staged files of at least ``ADOPT_MIN_BYTES`` as new segments with one
    ``PartitionLog.adopt_segment_files`` call (which checks the batches, rewrites base offsets
    in place, outside the CRC, builds the indexes and renames the files into the partition: no
    byte is copied), appends smaller files with ``append_records``, and flushes the
    partitions;
-4. for a stream, records the batch id in the query's :class:`~.ledger.CommitLedger`;
+4. for a stream, records the batch id in the query's :class:`~segstore.commit_ledger.CommitLedger`;
 5. removes the manifest and the staging files.
 
-An error in step 3 truncates the touched partitions back to the manifest's offsets before it is
-raised; a crash leaves the manifest, and the next commit into the store rolls those partitions
-back the same way (or, if the ledger shows the batch committed, just clears it). Either way a
-failed job or micro-batch appends nothing, and Spark's retry or replay appends it once. This
-is also what makes one directory fsync per adopted run safe: a crash before it can keep a later
-file's segment without an earlier one's, and the rollback removes both.
+An error in step 3 truncates every touched partition back to the manifest's offsets before it
+is raised; a crash leaves the manifest, and the next writable open of the store rolls those
+partitions back the same way (or, if the ledger shows the batch committed, just clears it).
+Either way a failed job or micro-batch appends nothing, and Spark's retry or replay appends it
+once. This is also what makes one directory fsync per adopted run safe: a crash before it can
+keep a later file's segment without an earlier one's, and the rollback removes both.
 """
 
 from __future__ import annotations
@@ -28,9 +30,7 @@ import json
 import logging
 import mmap
 import os
-import shutil
 import sys
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,33 +42,27 @@ from .. import _core
 from ..checkpoint import write_atomic
 from ..errors import CorruptRecordError, SegstoreError
 from ..records import TopicPartition
-from .ledger import CommitLedger
+from ..commit_ledger import CommitLedger
+from ..staged_commit import (ABORTED, MANIFEST, STAGING_DIR, CommitRecoveryError,  # noqa: F401
+                             discard_job, job_dir, recover,
+                             roll_back as _roll_back)
 
 log = logging.getLogger("segstore.spark")
 
-STAGING_DIR = ".staging"
-MANIFEST = "_manifest.json"
-ABORTED = ".aborted"  # <job>.aborted beside the job dirs: a straggling task must not restage
-STALE_SECONDS = 24 * 3600  # staging untouched this long, by a job without a manifest, is garbage
 APPEND_CHUNK_BYTES = 64 << 20  # staged bytes handed to one append_records call
 MAX_APPEND_THREADS = 8
 # Staged files at least this large become segments (adopted); smaller ones are appended. Below
 # it a copy costs about what adoption's fixed work (fsyncs, index files) does, and adopting
 # would leave one small segment per file (docs/spark.md, "Performance").
 ADOPT_MIN_BYTES = 2 << 20
-
-
-class CommitRecoveryError(SegstoreError):
-    """An interrupted commit cannot be rolled back: other records followed it."""
+# Files adopted by one call: adoption holds each open and mapped (two descriptors) until the
+# run is in, and partitions are published on up to MAX_APPEND_THREADS threads at once, so a
+# job of hundreds of tasks stays far below the usual limit of 1024 open files.
+ADOPT_RUN_FILES = 32
 
 
 class JobAbortedError(SegstoreError):
     """A task tried to stage data for a write job that was already aborted."""
-
-
-def job_dir(root: str, job: str) -> str:
-    """The staging directory of one write job (or one streaming writer)."""
-    return os.path.join(root, STAGING_DIR, job)
 
 
 @dataclass(frozen=True)
@@ -177,6 +171,7 @@ class Stager:
     """
 
     def __init__(self, root: str, job: str, task: str):
+        self.root, self.job = root, job
         self.dir = job_dir(root, job)
         self.task = task
         self._open: dict = {}  # (topic, partition) -> _StagingFile
@@ -191,14 +186,16 @@ class Stager:
         if entry is None:
             # Spark may abort a job while other tasks still run: they must not leave files
             # behind the abort's cleanup (files already open were unlinked with the job dir).
-            if os.path.exists(self.dir + ABORTED):
-                raise JobAbortedError(f"write job {os.path.basename(self.dir)} was aborted")
+            self._check_open()
             os.makedirs(self.dir, exist_ok=True)
             # Named by task and sequence, not topic: a 249-character topic name would not fit.
             name = f"{self.task}.{len(self._open)}.stage"
             fd = os.open(os.path.join(self.dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                          0o666)
             entry = self._open[key] = _StagingFile(fd, name)
+            # Again, now the file exists: an abort that began meanwhile wrote its marker
+            # before it listed the directory, and may have missed this file.
+            self._check_open()
         view = memoryview(data).cast("B")
         if view.nbytes:
             entry.pending.append(view)
@@ -209,6 +206,12 @@ class Stager:
             self._write(entry)
         while self._pending_bytes > MAX_PENDING_BYTES:  # a write spread over many partitions
             self._write(max(self._open.values(), key=lambda e: e.pending_bytes))
+
+    def _check_open(self) -> None:
+        if os.path.exists(self.dir + ABORTED):
+            self.discard()
+            raise JobAbortedError(f"write job {self.job} was aborted: this task attempt "
+                                  f"stages nothing")
 
     def _write(self, entry: _StagingFile, writeback_from: int = WRITEBACK_BYTES) -> None:
         """Write ``entry``'s gathered batches, and start the writeback of what it has not yet
@@ -281,6 +284,9 @@ def _append_file(lg, path: str, expected_records: int) -> None:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
+            if expected_records:  # emptied since its task wrote it: never skip its records
+                raise CorruptRecordError(f"staged file {path} is empty, but its task wrote "
+                                         f"{expected_records} records to it")
             return
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
@@ -314,7 +320,8 @@ def _unchanged(path: str, staged: StagedFile) -> bool:
 
 def _publish_files(lg, files: list) -> None:
     """Publish one partition's staged files in order: runs of large files are adopted together
-    (one call, one directory fsync), small ones appended. Record counts must match.
+    (one call, one directory fsync, up to ADOPT_RUN_FILES files), small ones appended. Record
+    counts must match.
 
     A run whose files all kept their task's fingerprint is adopted without re-reading every
     byte for the CRC check (headers are still walked): nothing wrote to them since the task
@@ -335,6 +342,8 @@ def _publish_files(lg, files: list) -> None:
     for path, staged in files:
         if staged.size >= ADOPT_MIN_BYTES:
             run.append((path, staged))
+            if len(run) >= ADOPT_RUN_FILES:
+                adopt_run()
             continue
         if run:
             adopt_run()
@@ -364,7 +373,10 @@ def publish(store, root: str, job: str, messages: list, *,
                 "before": store.partition(*tp).log_end_offset,
                 "records": sum(f.records for _, f in files)}
             for tp, files in sorted(by_tp.items())}
-    manifest = {"job": job, "partitions": plan}
+    # The files too: a dead commit's recovery deletes exactly these, not a stream's directory,
+    # where the restarted query may already have staged its replay.
+    manifest = {"job": job, "partitions": plan,
+                "files": sorted([j, f.name] for files in by_tp.values() for j, f in files)}
     if ledger is not None:
         manifest.update(ledgerLocation=ledger.location, batchId=batch_id)
     os.makedirs(jdir, exist_ok=True)
@@ -389,7 +401,12 @@ def publish(store, root: str, job: str, messages: list, *,
             for tp, fut in futures.items():
                 done[tp] = fut.result()
         if ledger is not None:
-            ledger.record(batch_id, sum(p["records"] for p in plan.values()))
+            _record_in_ledger(ledger, batch_id, sum(p["records"] for p in plan.values()))
+    except _LedgerMayHoldBatch as e:
+        # The ledger may already name this batch (its rename landed, a later step failed), so
+        # the records stay and so does the manifest: the next commit's recovery settles it by
+        # what the ledger durably holds, as after a crash at this point.
+        raise e.__cause__
     except BaseException:
         _roll_back(store, manifest)
         os.unlink(os.path.join(jdir, MANIFEST))
@@ -400,110 +417,21 @@ def publish(store, root: str, job: str, messages: list, *,
     return done
 
 
-def _roll_back(store, manifest: dict) -> list:
-    """Truncate each partition of a manifest back to its offset before the commit."""
-    undone = []
-    for p in manifest["partitions"].values():
-        lg = store.partition(p["topic"], p["partition"])
-        before, leo = p["before"], lg.log_end_offset
-        if leo == before:
-            continue
-        if not before < leo <= before + p["records"]:
-            raise CommitRecoveryError(
-                f"cannot roll back the interrupted commit of job {manifest['job']} in "
-                f"{p['topic']}-{p['partition']}: its log end offset is {leo}, but the commit "
-                f"started at {before} with {p['records']} records (others wrote since). "
-                f"Inspect the partition, then delete {MANIFEST} of that job to continue")
-        lg.truncate_to(before)
-        lg.flush()
-        undone.append((p["topic"], p["partition"], leo - before))
-    return undone
+class _LedgerMayHoldBatch(Exception):
+    """Recording a batch in the ledger failed after its new state may have become visible."""
 
 
-def recover(store, root: str, keep: Iterable = ()) -> list:
-    """Settle commits that a dead process left half done; returns what was rolled back.
-
-    A manifest whose stream batch id the ledger holds finished (only its cleanup was lost); any
-    other manifest's partitions are truncated back to where the commit started. The dead job's
-    staging is removed, except in the directories of ``keep`` (jobs being committed now, such as
-    a restarted stream that stages into the same directory).
-    """
-    base = os.path.join(root, STAGING_DIR)
-    undone = []
-    if not os.path.isdir(base):
-        return undone
-    for job in sorted(os.listdir(base)):
-        if job.endswith(ABORTED):
-            continue
-        path = os.path.join(base, job, MANIFEST)
-        try:
-            with open(path, encoding="utf-8") as f:
-                manifest = json.load(f)
-        except FileNotFoundError:
-            continue
-        except ValueError:
-            # write_atomic renames a complete file into place: a torn manifest cannot exist.
-            raise CorruptRecordError(f"unreadable commit manifest {path}") from None
-        location = manifest.get("ledgerLocation")
-        if location is not None and CommitLedger(root, location).is_committed(manifest["batchId"]):
-            log.info("commit of job %s had finished; clearing its staging", job)
-        else:
-            rolled = _roll_back(store, manifest)
-            log.warning("rolled back the interrupted commit of job %s: %s", job, rolled)
-            undone.extend(rolled)
-        os.unlink(path)
-        if job not in keep:
-            shutil.rmtree(os.path.join(base, job), ignore_errors=True)
-    _collect_garbage(base, keep)
-    return undone
-
-
-def _collect_garbage(base: str, keep: Iterable) -> None:
-    """Remove abort markers and manifest-less staging nobody touched for STALE_SECONDS (left
-    by killed drivers: never appended, safe to drop)."""
-    now = time.time()
-    for name in os.listdir(base):
-        path = os.path.join(base, name)
-        if name in keep or os.path.exists(os.path.join(path, MANIFEST)):
-            continue
-        try:
-            paths = [path] + ([os.path.join(path, n) for n in os.listdir(path)]
-                              if os.path.isdir(path) else [])
-            newest = max(os.stat(p).st_mtime for p in paths)
-        except FileNotFoundError:
-            continue
-        if now - newest > STALE_SECONDS:
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.unlink(path)
-
-
-def discard_job(root: str, job: str, aborted: bool = False) -> None:
-    """Remove a job's staged files; a manifest (a commit in progress) is never removed.
-
-    ``aborted`` (a failed batch job) also leaves ``<job>.aborted`` so that tasks still running
-    cannot stage new files; :func:`recover` removes old markers.
-    """
-    jdir = job_dir(root, job)
-    if aborted:
-        os.makedirs(os.path.dirname(jdir), exist_ok=True)
-        with open(jdir + ABORTED, "w"):
-            pass
+def _record_in_ledger(ledger: CommitLedger, batch_id: int, records: int) -> None:
     try:
-        names = os.listdir(jdir)
-    except FileNotFoundError:
-        return
-    for name in names:
-        if name != MANIFEST:
-            try:
-                os.unlink(os.path.join(jdir, name))
-            except (FileNotFoundError, IsADirectoryError):
-                pass
-    try:
-        os.rmdir(jdir)
-    except OSError:
-        pass  # a manifest remains
+        ledger.record(batch_id, records)
+    except BaseException as e:
+        try:
+            held = ledger.is_committed(batch_id)
+        except Exception:  # noqa: BLE001 - unreadable: it may hold the batch
+            held = True
+        if held:
+            raise _LedgerMayHoldBatch() from e
+        raise
 
 
 def task_tag() -> str:

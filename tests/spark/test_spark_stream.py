@@ -408,7 +408,7 @@ def test_stream_sink_commits_each_batch_id_once(root, tmp_path):
 
 
 def w2_ledger(root, ckpt):
-    from segstore.spark.ledger import CommitLedger
+    from segstore.commit_ledger import CommitLedger
     from segstore.spark.options import normalize_location
 
     return CommitLedger(root, normalize_location(ckpt)).path

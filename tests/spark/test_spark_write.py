@@ -15,7 +15,7 @@ from kafka.partitioner.default import murmur2
 from pyspark.sql import functions as F
 
 import segstore
-from segstore import _core
+from segstore import _core, staged_commit
 from segstore.errors import CorruptRecordError
 from segstore.spark import staging
 from segstore.spark.encode import BatchRouter, InputLayout, TopicInfo
@@ -267,7 +267,8 @@ def test_an_interrupted_commit_is_rolled_back_by_the_next_one(root, monkeypatch,
         import json
         json.dump({"job": "dead", "partitions": {
             "t-0": {"topic": "t", "partition": 0, "before": 0, "records": 2},
-            "t-1": {"topic": "t", "partition": 1, "before": 0, "records": 1}}}, f)
+            "t-1": {"topic": "t", "partition": 1, "before": 0, "records": 1}},
+            "files": [["dead", m.files[0].name] for m in (first, second)]}, f)
     assert end_offsets(root, "t")[0] == 2  # half a commit is visible until recovery
     later = stage(root, "next", "t", 3, [b"z"])
     with segstore.open(root) as store:
@@ -467,7 +468,7 @@ def test_abort_stops_straggling_tasks_and_old_garbage_is_collected(root):
     with pytest.raises(staging.JobAbortedError):
         stage(root, "gone", "t", 1, [b"late"])  # a task still running after the abort
     stage(root, "old", "t", 0, [b"x"])  # a killed driver's staging, never committed
-    old = time.time() - staging.STALE_SECONDS - 10
+    old = time.time() - staged_commit.STALE_SECONDS - 10
     for d, _, names in os.walk(os.path.join(root, ".staging")):
         for p in [d] + [os.path.join(d, n) for n in names]:
             os.utime(p, (old, old))

@@ -16,7 +16,7 @@ import os
 import time
 from typing import Optional
 
-from ..checkpoint import write_atomic
+from .checkpoint import write_atomic
 
 LEDGER_DIR = os.path.join(".segstore", "spark-commits")
 KEEP_RECENT = 20  # recent batches kept in the file for inspection

@@ -1,0 +1,179 @@
+"""Staged commits as the store sees them: manifests, and the rollback of a commit that died.
+
+The Spark sink (``segstore.spark.staging``, design §1.9) stages each write job's encoded batches
+under ``<root>/.staging/<job>/``, and its driver-side commit, holding the writer lock, writes
+``_manifest.json`` (every target partition's log end offset before the commit, and the staged
+files) before it appends anything, and removes it when the commit is complete. A manifest found
+by a process that holds the writer lock therefore belongs to a commit that died: whatever it
+appended is rolled back (or, when the stream's :class:`~.commit_ledger.CommitLedger` shows the
+micro-batch committed, kept). Every writable open settles such commits before anything else
+can touch the partitions (an append, retention, or the cleaner, which would otherwise compact
+a dead commit's records over the committed ones they replace), so this module needs nothing
+of pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Iterable
+
+from .commit_ledger import CommitLedger
+from .errors import CorruptRecordError, SegstoreError
+
+log = logging.getLogger("segstore.spark")
+
+STAGING_DIR = ".staging"
+MANIFEST = "_manifest.json"
+ABORTED = ".aborted"  # <job>.aborted beside the job dirs: a straggling task must not restage
+STALE_SECONDS = 24 * 3600  # staging untouched this long, by a job without a manifest, is garbage
+
+class CommitRecoveryError(SegstoreError):
+    """An interrupted commit cannot be rolled back: other records followed it."""
+
+
+def job_dir(root: str, job: str) -> str:
+    """The staging directory of one write job (or one streaming writer)."""
+    return os.path.join(root, STAGING_DIR, job)
+
+
+def roll_back(store, manifest: dict) -> list:
+    """Truncate each partition of a manifest back to its offset before the commit.
+
+    Every partition is tried, even after one fails (an offline log, records written since):
+    the others must not keep the failed commit's records. The first failure is then raised,
+    and the caller keeps the manifest so that a later commit finishes the rollback."""
+    undone, failed = [], []
+    for p in manifest["partitions"].values():
+        try:
+            lg = store.partition(p["topic"], p["partition"])
+            before, leo = p["before"], lg.log_end_offset
+            if leo == before:
+                continue
+            if not before < leo <= before + p["records"]:
+                raise CommitRecoveryError(
+                    f"cannot roll back the interrupted commit of job {manifest['job']} in "
+                    f"{p['topic']}-{p['partition']}: its log end offset is {leo}, but the "
+                    f"commit started at {before} with {p['records']} records (others wrote "
+                    f"since). Inspect the partition, then delete {MANIFEST} of that job to "
+                    f"continue")
+            lg.truncate_to(before)
+            lg.flush()
+            undone.append((p["topic"], p["partition"], leo - before))
+        except Exception as e:  # noqa: BLE001 - raised below, after the other partitions
+            log.error("cannot roll back %s-%s of job %s: %s", p["topic"], p["partition"],
+                      manifest["job"], e)
+            failed.append(e)
+    if failed:
+        raise failed[0]
+    return undone
+
+
+def recover(store, root: str, keep: Iterable = ()) -> list:
+    """Settle commits that a dead process left half done; returns what was rolled back.
+
+    ``store`` must be open writable (its lock held: no commit is running). A manifest whose
+    stream batch id the ledger holds finished (only its cleanup was lost); any other manifest's
+    partitions are truncated back to where the commit started. Then the files the manifest
+    names and the manifest are removed; other files of its directory, such as a restarted
+    stream's staging of the replay, stay (a manifest written before manifests named their
+    files leaves all of them to the garbage collection). ``keep`` names the jobs being
+    committed now, whose directories the garbage collection must not touch.
+    """
+    base = os.path.join(root, STAGING_DIR)
+    undone = []
+    if not os.path.isdir(base):
+        return undone
+    for job in sorted(os.listdir(base)):
+        if job.endswith(ABORTED):
+            continue
+        path = os.path.join(base, job, MANIFEST)
+        try:
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except ValueError:
+            # write_atomic renames a complete file into place: a torn manifest cannot exist.
+            raise CorruptRecordError(f"unreadable commit manifest {path}") from None
+        location = manifest.get("ledgerLocation")
+        if location is not None and CommitLedger(root, location).is_committed(manifest["batchId"]):
+            log.info("commit of job %s had finished; clearing its staging", job)
+        else:
+            rolled = roll_back(store, manifest)
+            log.warning("rolled back the interrupted commit of job %s: %s", job, rolled)
+            undone.extend(rolled)
+        for j, name in manifest.get("files", ()):
+            try:
+                os.unlink(os.path.join(base, j, name))
+            except FileNotFoundError:
+                pass
+        os.unlink(path)
+        for j in {job, *(j for j, _ in manifest.get("files", ()))}:
+            try:
+                os.rmdir(os.path.join(base, j))
+            except OSError:
+                pass  # not empty: staged by a later attempt
+    _collect_garbage(base, keep)
+    return undone
+
+
+def settle(store) -> list:
+    """What a writable open of ``store`` runs: :func:`recover` when anything is staged."""
+    if not os.path.isdir(os.path.join(store.path, STAGING_DIR)):
+        return []
+    return recover(store, store.path)
+
+
+def _collect_garbage(base: str, keep: Iterable) -> None:
+    """Remove abort markers and manifest-less staging nobody touched for STALE_SECONDS (left
+    by killed drivers: never appended, safe to drop)."""
+    now = time.time()
+    for name in os.listdir(base):
+        path = os.path.join(base, name)
+        if name in keep or os.path.exists(os.path.join(path, MANIFEST)):
+            continue
+        try:
+            paths = [path] + ([os.path.join(path, n) for n in os.listdir(path)]
+                              if os.path.isdir(path) else [])
+            newest = max(os.stat(p).st_mtime for p in paths)
+        except FileNotFoundError:
+            continue
+        if now - newest > STALE_SECONDS:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+
+
+def discard_job(root: str, job: str, aborted: bool = False) -> None:
+    """Remove a job's staged files; a manifest (a commit in progress) is never removed.
+
+    ``aborted`` (a failed batch job) first leaves ``<job>.aborted``, which tasks still running
+    check before and after they create a file, so that none stages anything the listing below
+    misses; :func:`recover` removes old markers. (A task attempt that outlives its job's commit,
+    whose result Spark discards, leaves its files to the garbage collection.)
+    """
+    jdir = job_dir(root, job)
+    if aborted:
+        os.makedirs(os.path.dirname(jdir), exist_ok=True)
+        with open(jdir + ABORTED, "w"):
+            pass
+    try:
+        names = os.listdir(jdir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name != MANIFEST:
+            try:
+                os.unlink(os.path.join(jdir, name))
+            except (FileNotFoundError, IsADirectoryError):
+                pass
+    try:
+        os.rmdir(jdir)
+    except OSError:
+        pass  # a manifest remains
+

@@ -1,0 +1,275 @@
+"""The commit protocol's failure paths: what a failed, dead or raced commit leaves behind.
+
+Each test drives the sink's pieces as ``write_task`` and ``commit`` do (BatchRouter, Stager,
+publish) and injects the failure at the step in question; what lands is read back with
+segstore's record reader and compared with what Spark's retry or replay must leave: every
+committed record once, no record of a failed commit.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pyarrow as pa
+import pytest
+
+import segstore
+from segstore import _core, checkpoint, flusher
+from segstore.commit_ledger import CommitLedger
+from segstore.errors import CorruptRecordError, KafkaStorageError, RecordTooLargeError
+from segstore.spark import staging
+from segstore.spark.encode import BatchRouter, InputLayout, TopicInfo
+from .sparkcheck import end_offsets, records
+
+
+@pytest.fixture
+def root(tmp_path):
+    path = str(tmp_path / "store")
+    with segstore.open(path) as store:
+        store.create_topic("t", 2)
+        store.create_topic("c", 1, config={"cleanup.policy": "compact"})
+    return path
+
+
+def stage(root, job, topic, partition, values, keys=None):
+    """Stage one file as a task would; its commit message."""
+    stager = staging.Stager(root, job, staging.task_tag())
+    stager.add(topic, partition, _core.encode_batch(values, keys), len(values))
+    return staging.StagedCommitMessage(job=job, task=stager.task, files=stager.finish())
+
+
+def manifest_path(root, job):
+    return os.path.join(staging.job_dir(root, job), staging.MANIFEST)
+
+
+def die_after_publishing(root, job, messages, monkeypatch, **kw):
+    """Publish ``messages`` and leave the disk as a process that died right before removing
+    the manifest would: records appended, manifest there."""
+    written = {}
+    real_unlink = os.unlink
+
+    def keep_manifest(path, *a, **k):
+        if path == manifest_path(root, job):
+            with open(path, encoding="utf-8") as f:
+                written["manifest"] = f.read()
+        return real_unlink(path, *a, **k)
+
+    monkeypatch.setattr(staging.os, "unlink", keep_manifest)
+    with segstore.open(root) as store:
+        staging.publish(store, root, job, messages, **kw)
+    monkeypatch.setattr(staging.os, "unlink", real_unlink)
+    os.makedirs(staging.job_dir(root, job), exist_ok=True)
+    with open(manifest_path(root, job), "w", encoding="utf-8") as f:
+        f.write(written["manifest"])
+
+
+# -- records with headers ----------------------------------------------------------------------
+
+def test_rows_with_headers_are_split_into_batches_within_max_message_bytes():
+    info = TopicInfo(partitions=1, max_batch_bytes=1000, max_message_bytes=1000, codec=0)
+    values = [bytes([65 + i]) * 458 for i in range(5)]
+    headers = pa.array([[{"key": "k", "value": b"v"}]] * 5,
+                       pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))
+    batch = pa.RecordBatch.from_arrays([pa.array(values), headers], names=["value", "headers"])
+    router = BatchRouter(InputLayout(value="value", headers="headers"), "t", lambda t: info)
+    [(_, _, data, count)] = list(router.route(batch))
+    scan = _core.scan_batches(data, raise_on_corrupt=True)
+    assert count == 5 and int(scan.batches["records_count"].sum()) == 5
+    assert int(scan.batches["size"].max()) <= 1000  # each under the topic's max.message.bytes
+    assert len(scan.batches) >= 3  # two of these records at most per batch
+    assert [r.value for r in _core.decode_records(data)] == values
+
+
+def test_a_record_with_headers_over_max_message_bytes_fails_in_the_task():
+    info = TopicInfo(partitions=1, max_batch_bytes=1000, max_message_bytes=1000, codec=0)
+    headers = pa.array([[{"key": "k", "value": b"v"}]],
+                       pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))
+    batch = pa.RecordBatch.from_arrays([pa.array([b"x" * 990]), headers],
+                                       names=["value", "headers"])
+    router = BatchRouter(InputLayout(value="value", headers="headers"), "t", lambda t: info)
+    with pytest.raises(RecordTooLargeError, match="max.message.bytes=1000"):
+        list(router.route(batch))
+
+
+# -- damaged staging ---------------------------------------------------------------------------
+
+def test_a_staged_file_emptied_before_the_commit_is_refused(root):
+    good = stage(root, "j", "t", 0, [b"a", b"b"])
+    emptied = stage(root, "j", "t", 1, [b"c", b"d", b"e"])
+    os.truncate(os.path.join(staging.job_dir(root, "j"), emptied.files[0].name), 0)
+    with segstore.open(root) as store:
+        with pytest.raises(CorruptRecordError, match="is empty, but its task wrote 3 records"):
+            staging.publish(store, root, "j", [good, emptied])
+    assert end_offsets(root, "t") == {0: 0, 1: 0}
+
+
+# -- rollback ----------------------------------------------------------------------------------
+
+def test_a_rollback_that_cannot_truncate_one_partition_still_truncates_the_others(
+        root, monkeypatch):
+    """t-0's fsync fails mid-commit (the log goes offline, so its rollback fails too): t-1,
+    published fine, is still rolled back at once, and the kept manifest lets the next open
+    finish t-0's."""
+    msgs = [stage(root, "io", "t", 0, [b"x1", b"x2"]), stage(root, "io", "t", 1, [b"y"])]
+    real_sync = flusher._fsync_and_close
+    t0 = os.path.join(root, "t-0") + os.sep
+
+    def eio(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(t0):
+            os.close(fd)
+            raise OSError(errno.EIO, "EIO")
+        real_sync(fd)
+
+    monkeypatch.setattr(flusher, "_fsync_and_close", eio)
+    with segstore.open(root) as store:
+        with pytest.raises(KafkaStorageError):
+            staging.publish(store, root, "io", msgs)
+        assert store.partition("t", 0).offline
+        assert store.partition("t", 1).log_end_offset == 0  # not left for a later commit
+    monkeypatch.setattr(flusher, "_fsync_and_close", real_sync)
+    assert os.path.exists(manifest_path(root, "io"))
+    with segstore.open(root):
+        pass  # a writable open settles what is left
+    assert end_offsets(root, "t") == {0: 0, 1: 0}
+    assert not os.path.exists(manifest_path(root, "io"))
+
+
+# -- dead commits are settled by the next writable open ----------------------------------------
+
+def test_a_writable_open_rolls_back_a_dead_commit_and_a_read_only_one_does_not(
+        root, monkeypatch):
+    die_after_publishing(root, "dead", [stage(root, "dead", "t", 0, [b"a", b"b"])], monkeypatch)
+    with segstore.open(root, readonly=True) as store:
+        assert store.partition("t", 0).log_end_offset == 2  # a reader changes nothing
+    assert os.path.exists(manifest_path(root, "dead"))
+    with segstore.open(root) as store:
+        assert store.partition("t", 0).log_end_offset == 0
+    assert not os.path.exists(staging.job_dir(root, "dead"))
+
+
+def test_a_compaction_after_a_dead_commit_keeps_the_committed_values(root, monkeypatch):
+    """Compaction on its own (no Spark commit in between) must never see a dead commit's
+    records: they would replace the committed values of the same keys, and the rollback then
+    remove both."""
+    keys = [b"k%d" % i for i in range(10)]
+    with segstore.open(root) as store:
+        lg = store.partition("c", 0)
+        for k in keys:
+            lg.append(b"committed-" + k, key=k)
+        lg.roll()
+    dead = [stage(root, "dead", "c", 0, [b"dead-" + k for k in keys], keys),
+            stage(root, "dead", "c", 0, [b"dead-z"], [b"z"])]
+    monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)  # adopted: the first file is sealed
+    die_after_publishing(root, "dead", dead, monkeypatch)
+    with segstore.open(root) as store:
+        store.compact("c", 0, force=True)
+    got = {k: v for _, k, v, _ in records(root, "c")}
+    assert got == {k: b"committed-" + k for k in keys}  # the plain replay of what committed
+
+
+def test_a_dead_stream_commit_leaves_the_restarted_querys_staging_alone(root, monkeypatch):
+    """A stream reuses one staging directory: after its commit of batch 7 died, the restarted
+    query stages the replay there. Another job's commit settles the dead one, deleting only
+    the files the dead commit named, and the replay then commits once."""
+    loc = "/checkpoints/q"
+    job = "stream-q"
+    # It died before its ledger named the batch.
+    monkeypatch.setattr(staging, "_record_in_ledger", lambda *a: None)
+    die_after_publishing(root, job, [stage(root, job, "t", 0, [b"r1", b"r2"])], monkeypatch,
+                         ledger=CommitLedger(root, loc), batch_id=7)
+    monkeypatch.undo()
+    replay = stage(root, job, "t", 0, [b"r1", b"r2"])
+    other = stage(root, "batch-job", "t", 1, [b"o"])
+    with segstore.open(root) as store:
+        staging.publish(store, root, "batch-job", [other])
+    assert os.listdir(staging.job_dir(root, job)) == [replay.files[0].name]
+    with segstore.open(root) as store:
+        staging.publish(store, root, job, [replay], ledger=CommitLedger(root, loc), batch_id=7)
+    assert [(p, v) for p, _, v, _ in records(root, "t")] == [(0, b"r1"), (0, b"r2"), (1, b"o")]
+
+
+# -- the stream's ledger -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("step", ["before the rename", "after the rename"])
+def test_a_failed_ledger_write_leaves_the_batch_committed_exactly_once(root, monkeypatch, step):
+    """Before its rename the ledger does not name the batch: the records are rolled back and
+    the replay appends them. After it (the directory fsync failed) the ledger may name it: the
+    records and the manifest stay, and the replay is skipped. Once either way."""
+    loc, job = "/checkpoints/ledger", "stream-l"
+    real_fsync_dir, real_rename = checkpoint.fsync_dir, os.replace
+
+    def fail_dir_fsync(path):
+        if path.endswith("spark-commits"):
+            raise OSError(errno.EIO, "EIO on the ledger's directory")
+        return real_fsync_dir(path)
+
+    def fail_rename(src, dst, *a, **k):
+        if os.path.dirname(dst).endswith("spark-commits"):
+            raise OSError(errno.ENOSPC, "no space for the ledger")
+        return real_rename(src, dst, *a, **k)
+
+    if step == "after the rename":
+        monkeypatch.setattr(checkpoint, "fsync_dir", fail_dir_fsync)
+    else:
+        monkeypatch.setattr(checkpoint.os, "replace", fail_rename)
+    first = stage(root, job, "t", 0, [b"a", b"b", b"c"])
+    with segstore.open(root) as store:
+        with pytest.raises(OSError):
+            staging.publish(store, root, job, [first], ledger=CommitLedger(root, loc),
+                            batch_id=0)
+    monkeypatch.undo()
+    held = CommitLedger(root, loc).is_committed(0)
+    assert held == (step == "after the rename")
+    assert end_offsets(root, "t")[0] == (3 if held else 0)
+    assert os.path.exists(manifest_path(root, job)) == held
+    staging.discard_job(root, job)  # Spark's abort of the micro-batch
+    replay = stage(root, job, "t", 0, [b"a", b"b", b"c"])
+    with segstore.open(root) as store:
+        staging.publish(store, root, job, [replay], ledger=CommitLedger(root, loc), batch_id=0)
+    assert [v for _, _, v, _ in records(root, "t")] == [b"a", b"b", b"c"]
+    assert CommitLedger(root, loc).is_committed(0)
+
+
+# -- many files, stragglers --------------------------------------------------------------------
+
+def test_a_partitions_files_are_adopted_in_runs_of_bounded_length(root, monkeypatch):
+    """Adoption holds every file of a run open: a partition with hundreds of large staged
+    files is adopted ADOPT_RUN_FILES at a time, not all at once (EMFILE)."""
+    monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
+    monkeypatch.setattr(staging, "ADOPT_RUN_FILES", 3)
+    msgs = [stage(root, "many", "t", 0, [b"f%d-%d" % (i, k) for k in range(4)])
+            for i in range(7)]
+    runs = []
+    with segstore.open(root) as store:
+        lg = store.partition("t", 0)
+        real = type(lg).adopt_segment_files
+
+        def spy(self, paths, **kw):
+            runs.append(len(paths))
+            return real(self, paths, **kw)
+
+        monkeypatch.setattr(type(lg), "adopt_segment_files", spy)
+        staging.publish(store, root, "many", msgs)
+    assert runs == [3, 3, 1]
+    assert [v for _, _, v, _ in records(root, "t")] == [
+        b"f%d-%d" % (i, k) for i in range(7) for k in range(4)]
+
+
+def test_a_task_racing_the_abort_leaves_no_file(root, monkeypatch):
+    """The abort lands between a task's check of the abort marker and its file's creation:
+    the task's second check, after creating the file, refuses and deletes it."""
+    stage(root, "raced", "t", 0, [b"first"])
+    real = os.makedirs
+
+    def abort_now(path, *a, **k):
+        if path == staging.job_dir(root, "raced"):
+            staging.discard_job(root, "raced", aborted=True)  # the driver's abort()
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(staging.os, "makedirs", abort_now)
+    with pytest.raises(staging.JobAbortedError, match="aborted"):
+        stage(root, "raced", "t", 1, [b"late"])
+    monkeypatch.setattr(staging.os, "makedirs", real)
+    assert os.listdir(staging.job_dir(root, "raced")) == []
