@@ -110,6 +110,18 @@ def latest_offset(lg, read_committed: bool = False) -> int:
     return lg.last_stable_offset if read_committed else lg.log_end_offset
 
 
+def offset_for_time(lg, ts: int, read_committed: bool = False) -> Optional[int]:
+    """The first offset whose timestamp is >= ``ts``, or None (no match).
+
+    As the broker answers ListOffsets at READ_COMMITTED, a read_committed lookup only counts
+    offsets below the last stable offset: a match at or above it is no match.
+    """
+    found = lg.offset_for_time(ts)
+    if found is None or (read_committed and found.offset >= lg.last_stable_offset):
+        return None
+    return found.offset
+
+
 def resolve_start(store, tps: list, spec: OffsetSpec, strategy: str = "error",
                   read_committed: bool = False) -> dict:
     """Starting offset of each partition (``strategy``: no timestamp match -> error | latest)."""
@@ -128,15 +140,16 @@ def resolve_start(store, tps: list, spec: OffsetSpec, strategy: str = "error",
                        latest_offset(lg, read_committed) if v == LATEST else v)
         else:
             ts = spec.timestamp if spec.kind == "timestamp" else spec.values[(tp.topic, tp.partition)]
-            found = lg.offset_for_time(ts)
+            found = offset_for_time(lg, ts, read_committed)
             if found is not None:
-                out[tp] = found.offset
+                out[tp] = found
             elif strategy == "latest":
                 out[tp] = latest_offset(lg, read_committed)
             else:
+                where = " below its last stable offset" if read_committed else ""
                 raise InvalidOptionError(
-                    f"option {spec.option!r}: no record of {tp.topic}-{tp.partition} has a "
-                    f"timestamp >= {ts}; set 'startingOffsetsByTimestampStrategy' to 'latest' "
+                    f"option {spec.option!r}: no record of {tp.topic}-{tp.partition}{where} has "
+                    f"a timestamp >= {ts}; set 'startingOffsetsByTimestampStrategy' to 'latest' "
                     "to start such partitions at their end")
     return out
 
@@ -155,8 +168,8 @@ def resolve_end(store, tps: list, spec: OffsetSpec, read_committed: bool = False
             out[tp] = latest_offset(lg, read_committed) if v == LATEST else v
         else:
             ts = spec.timestamp if spec.kind == "timestamp" else spec.values[(tp.topic, tp.partition)]
-            found = lg.offset_for_time(ts)
-            out[tp] = latest_offset(lg, read_committed) if found is None else found.offset
+            found = offset_for_time(lg, ts, read_committed)
+            out[tp] = latest_offset(lg, read_committed) if found is None else found
     return out
 
 
@@ -188,45 +201,57 @@ def check_range(tp, start: int, end: int, log_start: int, log_end: int,
 
 # -- splitting ranges into Spark partitions -------------------------------------------------
 
-def _even_split(tp, start: int, end: int, parts: int) -> list:
-    size = end - start
-    bounds = [start + size * i // parts for i in range(parts + 1)]
-    return [(tp, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+def _divide(tp, start: int, end: int, parts: int) -> list:
+    # Kafka's getDividedPartition: each piece takes remaining // pieces left, so the later
+    # pieces absorb the rounding; empty pieces are dropped.
+    out, remaining = [], end - start
+    for i in range(parts):
+        size = remaining // (parts - i)
+        remaining -= size
+        if size:
+            out.append((tp, start, start + size))
+        start += size
+    return out
+
+
+def _round(x: float) -> int:
+    # Java's Math.round: halves round up (Python's round() rounds them to even).
+    r = math.floor(x)
+    return r + 1 if x - r >= 0.5 else r
 
 
 def split_ranges(ranges: list, min_partitions: Optional[int] = None,
                  max_records: Optional[int] = None) -> list:
-    """Split ``(tp, start, end)`` ranges into Spark input partitions.
+    """Split ``(tp, start, end)`` ranges into Spark input partitions, as Spark's
+    KafkaOffsetRangeCalculator does. Empty ranges are dropped.
 
-    ``maxRecordsPerPartition`` caps each piece; then, if fewer pieces than ``minPartitions``
-    remain, ``minPartitions`` pieces are shared out in proportion to each range's records
-    (largest remainders first, at least one piece per range, never more pieces than records).
-    Kafka's calculator rounds each share on its own, so it may plan fewer pieces than asked;
-    this plans exactly ``minPartitions`` whenever there are that many records. Empty ranges are
-    dropped.
+    ``maxRecordsPerPartition`` first cuts each range into ``ceil(size / max)`` even pieces.
+    Then, if fewer pieces than ``minPartitions`` remain, each piece whose share of
+    ``minPartitions`` rounds to at most one stays whole; the others split the remaining
+    ``minPartitions - #whole`` pieces in proportion to their sizes, each share rounded on its
+    own (at least one). So the total is about ``minPartitions``: rounding can give a few more
+    or fewer, exactly as Spark plans.
     """
     pieces = []
     for tp, s, e in ranges:
-        if e <= s:
-            continue
-        parts = math.ceil((e - s) / max_records) if max_records else 1
-        pieces.extend(_even_split(tp, s, e, parts))
-    if min_partitions and 0 < len(pieces) < min_partitions:
-        sizes = [e - s for _, s, e in pieces]
-        total = sum(sizes)
-        shares = [size / total * min_partitions for size in sizes]
-        parts = [min(max(math.floor(x), 1), size) for x, size in zip(shares, sizes)]
-        spare = min_partitions - sum(parts)
-        order = sorted(range(len(pieces)), key=lambda i: shares[i] - math.floor(shares[i]),
-                       reverse=True)
-        while spare > 0 and any(parts[i] < sizes[i] for i in order):
-            for i in order:
-                if spare > 0 and parts[i] < sizes[i]:
-                    parts[i] += 1
-                    spare -= 1
-        pieces = [piece for (tp, s, e), k in zip(pieces, parts)
-                  for piece in _even_split(tp, s, e, k)]
-    return pieces
+        if e > s:
+            parts = -(-(e - s) // max_records) if max_records else 1
+            pieces.extend(_divide(tp, s, e, parts))
+    if not min_partitions or len(pieces) >= min_partitions:
+        return pieces
+    total = sum(e - s for _, s, e in pieces)
+    # Spark keys the set-aside ranges by topic partition: once one piece of a partition stays
+    # whole, all of its pieces do.
+    whole = [(tp, e - s) for tp, s, e in pieces
+             if max(_round((e - s) / total * min_partitions), 1) == 1]
+    whole_tps = {tp for tp, _ in whole}
+    split_total = total - sum(size for _, size in whole)
+    split_min = max(min_partitions - len(whole), 1)
+    out = []
+    for tp, s, e in pieces:
+        parts = 1 if tp in whole_tps else max(_round((e - s) / split_total * split_min), 1)
+        out.extend(_divide(tp, s, e, parts))
+    return out
 
 
 def prorate(start: dict, latest: dict, max_rows: int) -> dict:

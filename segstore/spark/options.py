@@ -45,10 +45,13 @@ _CANONICAL = {name.lower(): name for name in _READ + _WRITE + _IGNORED}
 DEFAULT_LOCK_TIMEOUT_MS = 120_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's "15m"
 
-_DURATION = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
-# Spark's JavaUtils.timeStringAsMs units, plus "millis"; microseconds round down as there.
-_UNIT_US = {"": 1000, "us": 1, "ms": 1000, "millis": 1000, "s": 1_000_000, "m": 60_000_000,
-            "min": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
+# Spark's JavaUtils.timeStringAsMs: a signed number, then at once an optional unit.
+_DURATION = re.compile(r"(-?[0-9]+)([a-z]+)?")
+_UNIT_US = {"us": 1, "ms": 1000, "s": 1_000_000, "m": 60_000_000, "min": 60_000_000,
+            "h": 3_600_000_000, "d": 86_400_000_000}
+# Java's Long.parseLong / Integer.parseInt: an optional sign and ASCII digits, nothing else.
+_JAVA_INT = re.compile(r"[+-]?[0-9]+")
+LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def canonical(key: str) -> str:
@@ -154,7 +157,7 @@ class ReadOptions:
         kw["fail_on_data_loss"] = _bool(opts, "failOnDataLoss", True)
         kw["include_headers"] = _bool(opts, "includeHeaders", False)
         kw["push_filters"] = _bool(opts, "pushFilters", False)
-        kw["min_partitions"] = _positive(opts, "minPartitions")
+        kw["min_partitions"] = _positive(opts, "minPartitions", bits=32)
         kw["max_records_per_partition"] = _positive(opts, "maxRecordsPerPartition")
         kw["max_offsets_per_trigger"] = _positive(opts, "maxOffsetsPerTrigger")
         kw["min_offsets_per_trigger"] = _positive(opts, "minOffsetsPerTrigger")
@@ -222,13 +225,22 @@ def normalize_location(location: str) -> str:
 
 
 def duration_ms(option: str, text: str) -> int:
-    """Spark's time strings (``15m``, ``30s``, ``500ms``, ``2h``, a bare number = ms) in ms."""
-    m = _DURATION.fullmatch(text.lower())
-    if not m or m.group(2) not in _UNIT_US:
+    """Spark's time strings in ms, parsed as ``JavaUtils.timeStringAsMs`` parses them.
+
+    Trimmed and lower-cased; a number (negative allowed), then at once an optional unit
+    ``us``, ``ms``, ``s``, ``m``, ``min``, ``h`` or ``d`` (none = ms): ``15m``, ``500ms``.
+    """
+    m = _DURATION.fullmatch(_java_trim(str(text)).lower())
+    number = java_int(m.group(1)) if m else None
+    unit = (m.group(2) or "ms") if m else None
+    if number is None or unit not in _UNIT_US:
         raise InvalidOptionError(
-            f"option {option!r} must be a duration such as '15m', '30s', '500ms' or '1h', got "
-            f"{text!r}")
-    return int(m.group(1)) * _UNIT_US[m.group(2)] // 1000
+            f"option {option!r} must be a duration such as '15m', '30s', '500ms' or '1h' (units "
+            f"us, ms, s, m, min, h, d; no space before the unit), got {text!r}")
+    us = number * _UNIT_US[unit]
+    # TimeUnit.convert: microseconds truncate toward zero, overflow saturates.
+    ms = abs(us) // 1000 * (-1 if us < 0 else 1)
+    return min(max(ms, LONG_MIN), LONG_MAX)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -242,8 +254,8 @@ def _normalize(options: Mapping[str, str], allowed: list, kind: str) -> dict:
         if low in known:
             out[known[low]] = value
         elif low == "paths":
-            # load(a, b) or load([a, b]): Spark passes every path in a JSON list.
-            paths = json.loads(value) if value else []
+            # load([a, b]): Spark passes every path as one JSON list of strings.
+            paths = _paths(value)
             if len(paths) > 1:
                 raise InvalidOptionError(
                     f"the segstore {kind} takes one store directory; got {len(paths)} paths")
@@ -300,11 +312,40 @@ def _bool(opts: dict, name: str, default: bool) -> bool:
     return text == "true"
 
 
-def _int(name: str, text) -> int:
+def _paths(value) -> list:
     try:
-        return int(str(text).strip())
-    except ValueError:
-        raise InvalidOptionError(f"option {name!r} must be an integer, got {text!r}") from None
+        paths = json.loads(value)
+    except (TypeError, ValueError):
+        paths = None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise InvalidOptionError(
+            "option 'paths' must be a JSON list of strings, as load([path, ...]) sets it; got "
+            f"{value!r} (pass one store directory with load(path) or .option('path', ...))")
+    return paths
+
+
+def _java_trim(text: str) -> str:
+    return text.strip("".join(map(chr, range(33))))  # String.trim: every char <= U+0020
+
+
+def java_int(text, bits: int = 64) -> Optional[int]:
+    """``text`` as Java's Long.parseLong (``bits=64``) or Integer.parseInt (32) reads it:
+    an optional sign and ASCII digits within range, no spaces or underscores; else None."""
+    text = str(text)
+    if not _JAVA_INT.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(1 << (bits - 1)) <= value < 1 << (bits - 1) else None
+
+
+def _int(name: str, text, bits: int = 64) -> int:
+    # Kafka's source reads numeric options with .toLong / .toInt (minPartitions).
+    value = java_int(text, bits)
+    if value is None:
+        raise InvalidOptionError(
+            f"option {name!r} must be an integer ({bits}-bit, digits with an optional sign), got "
+            f"{text!r}")
+    return value
 
 
 def _check_min_max(lo: int, hi: int) -> None:
@@ -313,10 +354,10 @@ def _check_min_max(lo: int, hi: int) -> None:
             f"option 'minOffsetsPerTrigger' ({lo}) is higher than 'maxOffsetsPerTrigger' ({hi})")
 
 
-def _positive(opts: dict, name: str) -> Optional[int]:
+def _positive(opts: dict, name: str, bits: int = 64) -> Optional[int]:
     if name not in opts:
         return None
-    value = _int(name, opts[name])
+    value = _int(name, opts[name], bits)
     if value < 1:
         raise InvalidOptionError(f"option {name!r} must be a positive integer, got {value}")
     return value
@@ -359,14 +400,16 @@ def _per_partition(name: str, text: str) -> dict:
                 f"option {name!r} must map each topic to an object of partition -> value, e.g. "
                 f'{{"{topic}":{{"0":23}}}}; got {parts!r}')
         for p, v in parts.items():
-            try:
-                part = int(p)
-            except ValueError:
-                part = -1
-            if part < 0 or not isinstance(v, int) or isinstance(v, bool):
+            # Kafka's JSON reader (Jackson) parses the keys with Integer.parseInt, values as Longs.
+            part = java_int(p, 32)
+            if part is None or part < 0:
                 raise InvalidOptionError(
-                    f"option {name!r}: partition {p!r} of topic {topic!r} must be a partition "
-                    f"number mapped to an integer, got {v!r}")
+                    f"option {name!r}: topic {topic!r} has the key {p!r}, which is not a "
+                    "partition number (digits only, e.g. \"0\")")
+            if not isinstance(v, int) or isinstance(v, bool) or not LONG_MIN <= v <= LONG_MAX:
+                raise InvalidOptionError(
+                    f"option {name!r}: partition {p!r} of topic {topic!r} must be mapped to a "
+                    f"64-bit integer, got {v!r}")
             out[(topic, part)] = v
     return out
 

@@ -90,7 +90,8 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start: Optional[dict] = None, limit=None) -> dict:
-        """The end of the next micro-batch (equal to ``start`` when there is nothing to read)."""
+        """The end of the next micro-batch (equal to ``start`` when there is nothing to read
+        or ``minOffsetsPerTrigger`` holds the batch back)."""
         legacy = start is None  # pyspark 4.0/4.1 call latestOffset() with no arguments
         if legacy:
             start = self._last_end if self._last_end is not None else self.initialOffset()
@@ -100,6 +101,14 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for tp in latest:
                 if tp not in begin:  # a partition that appeared since: read it from earliest
                     begin[tp] = store.partition(*tp).log_start_offset
+        wants_all = ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable)
+        if (self._target is None and not wants_all
+                and self.opts.min_offsets_per_trigger is not None
+                and self._delay(begin, latest)):
+            # Held back: Kafka's source returns the start itself, whatever partitions appeared
+            # or vanished since; they count once the batch goes ahead.
+            self._last_end = start
+            return start
         gone = [tp for tp in begin if tp not in latest]
         if gone:
             if self.opts.fail_on_data_loss:
@@ -114,13 +123,7 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = self.opts.max_offsets_per_trigger if legacy else None
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             max_rows = limit.max_rows
-        wants_all = ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable)
-        if (self._target is None and not wants_all
-                and self.opts.min_offsets_per_trigger is not None
-                and self._delay(begin, latest)):
-            end = {tp: begin[tp] for tp in latest}
-        else:
-            end = prorate(begin, latest, max_rows) if max_rows is not None else latest
+        end = prorate(begin, latest, max_rows) if max_rows is not None else latest
         out = to_json(end)
         self._last_end = out
         return out

@@ -13,7 +13,10 @@ from pyspark.sql.datasource import CaseInsensitiveDict
 
 import segstore
 from segstore.records import ControlRecordType
+from segstore.spark import stores
 from segstore.spark.options import InvalidOptionError, ReadOptions
+from segstore.spark.reader import plan_ranges
+from segstore.spark.stream import SegstoreStreamReader
 from .test_spark_stream import run_stream, values
 
 pytestmark = pytest.mark.spark
@@ -81,3 +84,68 @@ def test_bad_isolation_level_names_the_option(level):
     with pytest.raises(InvalidOptionError, match="kafka.isolation.level"):
         ReadOptions.parse(CaseInsensitiveDict({"path": "/x", "subscribe": "t",
                                                "kafka.isolation.level": level}), False)
+
+
+# -- timestamps under read_committed, planned without Spark ----------------------------------
+
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture
+def timed(tmp_path):
+    """Offsets 0, 1 plain (T0, T0+1s), 2 an open transaction (T0+2s), 3 plain (T0+3s):
+    the last stable offset is 2, the log end 4."""
+    path = str(tmp_path / "timed")
+    with segstore.open(path) as store:
+        store.create_topic("in", 1)
+        lg = store.partition("in", 0)
+        lg.append_batch([b"p0", b"p1"], timestamps_ms=[T0, T0 + 1000])
+        lg.append_batch([b"open"], timestamps_ms=[T0 + 2000], producer_id=3, producer_epoch=0,
+                        base_sequence=0, is_transactional=True)
+        lg.append_batch([b"p3"], timestamps_ms=[T0 + 3000])
+        assert (lg.last_stable_offset, lg.log_end_offset) == (2, 4)
+    return path
+
+
+def plan(path, committed=True, streaming=False, **options):
+    """Batch ranges [(start, end)] of in-0, or the stream's initial offset."""
+    opts = {"path": path, "subscribe": "in", **{k.lower(): v for k, v in options.items()}}
+    if committed:
+        opts["kafka.isolation.level"] = "read_committed"
+    o = ReadOptions.parse(opts, streaming=streaming)
+    if streaming:
+        return SegstoreStreamReader(o).initialOffset()["in"]["0"]
+    with stores.readonly(path) as store:
+        return [(s, e) for _, s, e in plan_ranges(store, o)]
+
+
+@pytest.mark.parametrize("option", ["startingTimestamp", "startingOffsetsByTimestamp"])
+def test_starting_timestamp_matches_only_below_the_lso(timed, option):
+    # Kafka's ListOffsets at READ_COMMITTED answers offsets below the last stable offset only:
+    # offset 3 (T0+3s) is above it, so it is no match.
+    def ts(t):
+        return str(t) if option == "startingTimestamp" else '{"in": {"0": %d}}' % t
+
+    latest = {"startingOffsetsByTimestampStrategy": "latest"}
+    assert plan(timed, **{option: ts(T0 + 3000)}, **latest) == [(2, 2)]  # the LSO: empty
+    assert plan(timed, streaming=True, **{option: ts(T0 + 3000)}, **latest) == 2
+    assert plan(timed, **{option: ts(T0 + 2000)}, **latest) == [(2, 2)]  # at the LSO: no match
+    assert plan(timed, **{option: ts(T0 + 1000)}) == [(1, 2)]
+    assert plan(timed, streaming=True, **{option: ts(T0 + 1000)}) == 1
+    for streaming in (False, True):
+        with pytest.raises(InvalidOptionError, match=f"{option}.*below its last stable offset"):
+            plan(timed, streaming=streaming, **{option: ts(T0 + 3000)})
+    # read_uncommitted sees every offset
+    assert plan(timed, committed=False, **{option: ts(T0 + 3000)}) == [(3, 4)]
+    assert plan(timed, committed=False, streaming=True, **{option: ts(T0 + 2000)}) == 2
+
+
+@pytest.mark.parametrize("option", ["endingTimestamp", "endingOffsetsByTimestamp"])
+def test_ending_timestamp_at_or_above_the_lso_means_latest(timed, option):
+    def ts(t):
+        return str(t) if option == "endingTimestamp" else '{"in": {"0": %d}}' % t
+
+    assert plan(timed, **{option: ts(T0 + 3000)}) == [(0, 2)]  # no match: latest, the LSO
+    assert plan(timed, **{option: ts(T0 + 2000)}) == [(0, 2)]
+    assert plan(timed, **{option: ts(T0 + 1000)}) == [(0, 1)]
+    assert plan(timed, committed=False, **{option: ts(T0 + 3000)}) == [(0, 3)]

@@ -296,6 +296,62 @@ def test_min_offsets_wait_for_max_trigger_delay(three, monkeypatch):
     assert r.latestOffset(start, ReadMinRows(5))["s"]["2"] == 6  # 8 >= 5: no wait
 
 
+@pytest.fixture
+def held(tmp_path, monkeypatch):
+    """A pattern stream over ev-a (3 records) past its first batch, minOffsetsPerTrigger 100
+    holding the next one back for an hour; returns (reader, position, clock)."""
+    path = str(tmp_path / "held")
+    with segstore.open(path) as store:
+        store.create_topic("ev-a", 1)
+        store.partition("ev-a", 0).append_batch([b"x"] * 3)
+        store.create_topic("ev-gone", 1)
+    clock = [10_000_000]
+    monkeypatch.setattr(stream_module, "now_ms", lambda: clock[0])
+    r = reader_for(path, subscribePattern="ev-.*", startingOffsets="earliest",
+                   minOffsetsPerTrigger="100", maxTriggerDelay="1h", failOnDataLoss="true")
+    pos = {"ev-a": {"0": 3}, "ev-gone": {"0": 0}}
+    return r, path, pos, clock
+
+
+def appear_and_vanish(path):
+    with segstore.open(path) as store:
+        store.create_topic("ev-b", 1)  # new and empty: the backlog stays below 100
+        store.delete_topic("ev-gone")
+
+
+@admission_control
+def test_held_back_batch_ends_at_its_start_when_partitions_change(held):
+    # Kafka's KafkaMicroBatchStream.latestOffset returns the start offsets themselves while
+    # minOffsetsPerTrigger delays a batch; new and vanished partitions wait for the batch.
+    r, path, pos, clock = held
+    assert r.latestOffset({"ev-a": {"0": 0}}, ReadMinRows(100)) == pos  # first batch goes
+    appear_and_vanish(path)
+    clock[0] += 1000
+    assert r.latestOffset(pos, ReadMinRows(100)) == pos  # no batch: Spark plans nothing
+    clock[0] += 3_600_000  # maxTriggerDelay passed: the batch goes, the vanished one counts
+    with pytest.raises(segstore.spark.DataLossError, match="ev-gone-0"):
+        r.latestOffset(pos, ReadMinRows(100))
+
+
+def test_held_back_batch_ends_at_its_start_before_admission_control(held):
+    r, path, pos, clock = held
+    r.partitions(pos, pos)  # how pyspark 4.0/4.1 tell a restarted query where it stands
+    assert r.latestOffset() == pos  # the first trigger: the delay has passed, nothing new
+    appear_and_vanish(path)
+    clock[0] += 1000
+    assert r.latestOffset() == pos
+
+
+def test_negative_max_trigger_delay_never_holds_back(three, monkeypatch):
+    monkeypatch.setattr(stream_module, "now_ms", lambda: 10_000_000)
+    r = reader_for(three, subscribe="s", startingOffsets="latest", minOffsetsPerTrigger="5",
+                   maxTriggerDelay="-1s")
+    r.latestOffset()
+    with segstore.open(three) as store:
+        store.partition("s", 1).append_batch([b"y"])
+    assert r.latestOffset()["s"]["1"] == 11  # 1 < 5, yet the delay has always passed
+
+
 @admission_control
 def test_available_now_never_passes_its_target(three):
     r = reader_for(three, subscribe="s", startingOffsets="earliest")
