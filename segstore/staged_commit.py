@@ -8,8 +8,8 @@ by a process that holds the writer lock therefore belongs to a commit that died:
 appended is rolled back (or, when the stream's :class:`~.commit_ledger.CommitLedger` shows the
 micro-batch committed, kept). Every writable open settles such commits before anything else
 can touch the partitions (an append, retention, or the cleaner, which would otherwise compact
-a dead commit's records over the committed ones they replace), so this module needs nothing
-of pyspark.
+a dead commit's records over the committed ones they replace); that is why this module lives
+in the core and needs nothing of pyspark.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from typing import Iterable
 
 from .commit_ledger import CommitLedger
-from .errors import CorruptRecordError, SegstoreError
+from .errors import CorruptRecordError, SegstoreError, UnknownTopicOrPartitionError
 
 log = logging.getLogger("segstore.spark")
 
@@ -30,6 +30,7 @@ STAGING_DIR = ".staging"
 MANIFEST = "_manifest.json"
 ABORTED = ".aborted"  # <job>.aborted beside the job dirs: a straggling task must not restage
 STALE_SECONDS = 24 * 3600  # staging untouched this long, by a job without a manifest, is garbage
+
 
 class CommitRecoveryError(SegstoreError):
     """An interrupted commit cannot be rolled back: other records followed it."""
@@ -45,11 +46,14 @@ def roll_back(store, manifest: dict) -> list:
 
     Every partition is tried, even after one fails (an offline log, records written since):
     the others must not keep the failed commit's records. The first failure is then raised,
-    and the caller keeps the manifest so that a later commit finishes the rollback."""
+    and the caller keeps the manifest so that the next writable open finishes the rollback."""
     undone, failed = [], []
     for p in manifest["partitions"].values():
         try:
-            lg = store.partition(p["topic"], p["partition"])
+            try:
+                lg = store.partition(p["topic"], p["partition"])
+            except UnknownTopicOrPartitionError:
+                continue  # deleted since: its records went with it
             before, leo = p["before"], lg.log_end_offset
             if leo == before:
                 continue

@@ -273,3 +273,15 @@ def test_a_task_racing_the_abort_leaves_no_file(root, monkeypatch):
         stage(root, "raced", "t", 1, [b"late"])
     monkeypatch.setattr(staging.os, "makedirs", real)
     assert os.listdir(staging.job_dir(root, "raced")) == []
+
+
+def test_a_dead_commit_into_a_topic_deleted_since_is_dropped(root, monkeypatch):
+    die_after_publishing(root, "gone", [stage(root, "gone", "t", 0, [b"a"]),
+                                        stage(root, "gone", "c", 0, [b"b"], [b"k"])], monkeypatch)
+    manifest = json.load(open(manifest_path(root, "gone"), encoding="utf-8"))
+    manifest["partitions"]["x-0"] = {"topic": "x", "partition": 0, "before": 0, "records": 1}
+    with open(manifest_path(root, "gone"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)  # as if topic x had held part of the commit, then been deleted
+    with segstore.open(root) as store:
+        assert [store.partition(t, 0).log_end_offset for t in ("t", "c")] == [0, 0]
+    assert not os.path.exists(staging.job_dir(root, "gone"))
