@@ -15,6 +15,8 @@ import numpy as np
 
 from .errors import InvalidRecordError, is_int
 
+_MAX_MS_AS_US = (2**63 - 1) // 1000  # the largest millisecond timestamp whose microseconds fit
+
 _EMPTY_U8 = np.empty(0, dtype=np.uint8)
 
 
@@ -282,6 +284,14 @@ class RecordColumns:
                 names.append("headers")
             return pa.RecordBatch.from_arrays(arrays, names=names)
         topic = pa.repeat(pa.scalar(self.topic, pa.string()), n)  # one C loop, no Python list
+        ts = self.timestamps_ms
+        if n and (int(ts.max()) > _MAX_MS_AS_US or int(ts.min()) < -_MAX_MS_AS_US):
+            # Microseconds would wrap around int64 (Spark's Kafka source fails here too).
+            i = int(np.flatnonzero((ts > _MAX_MS_AS_US) | (ts < -_MAX_MS_AS_US))[0])
+            raise InvalidRecordError(
+                f"the record at offset {int(self.offsets[i])} of {self.topic}-{self.partition} "
+                f"has timestamp {int(ts[i])} ms, beyond what Spark's microsecond timestamps "
+                f"can hold")
         arrays = [
             self.keys.to_arrow(large=False),
             self.values.to_arrow(large=False),

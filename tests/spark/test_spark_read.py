@@ -258,3 +258,20 @@ def test_read_is_unaffected_by_a_live_writer(spark, root):
         store.partition("metrics-a", 0).append(b"late")
         got = collect(load(spark, root, subscribe="metrics-a"))
     assert got["value"][-1] == b"late" and len(got["value"]) == end_offsets(root, "metrics-a")[0]
+
+
+def test_a_timestamp_beyond_sparks_microseconds_is_an_error_not_a_wrapped_value(tmp_path):
+    """ms * 1000 must not wrap around int64: Spark's Kafka source fails on such a record too."""
+    from segstore.errors import InvalidRecordError
+    from segstore.spark.reader import read_range
+
+    root = str(tmp_path / "ts")
+    limit = (2**63 - 1) // 1000
+    with segstore.open(root) as store:
+        store.create_topic("t", 1)
+        store.partition("t", 0).append(b"edge", timestamp_ms=limit)
+        store.partition("t", 0).append(b"beyond", timestamp_ms=limit + 1)
+    [edge] = read_range(root, "t", 0, 0, 1, include_headers=False, fail_on_data_loss=True)
+    assert edge.column("timestamp").cast("int64").to_pylist() == [limit * 1000]
+    with pytest.raises(InvalidRecordError, match=f"offset 1 of t-0 has timestamp {limit + 1}"):
+        list(read_range(root, "t", 0, 0, 2, include_headers=False, fail_on_data_loss=True))
