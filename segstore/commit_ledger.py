@@ -17,6 +17,7 @@ import time
 from typing import Optional
 
 from .checkpoint import write_atomic
+from .errors import CorruptMetadataError
 
 LEDGER_DIR = os.path.join(".segstore", "spark-commits")
 KEEP_RECENT = 20  # recent batches kept in the file for inspection
@@ -36,6 +37,12 @@ class CommitLedger:
                 return json.load(f)
         except FileNotFoundError:
             return {"checkpointLocation": self.location, "lastBatchId": None, "recent": []}
+        except ValueError:
+            # Written whole and renamed into place: only damage makes it unreadable, and
+            # without it no replay can be told from a new batch.
+            raise CorruptMetadataError(
+                f"unreadable commit ledger {self.path} of the streaming query at "
+                f"{self.location!r}") from None
 
     def last_batch_id(self) -> Optional[int]:
         """The highest committed batch id, or None before the first commit."""

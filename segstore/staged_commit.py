@@ -81,11 +81,11 @@ def recover(store, root: str, keep: Iterable = ()) -> list:
 
     ``store`` must be open writable (its lock held: no commit is running). A manifest whose
     stream batch id the ledger holds finished (only its cleanup was lost); any other manifest's
-    partitions are truncated back to where the commit started. Then the files the manifest
-    names and the manifest are removed; other files of its directory, such as a restarted
-    stream's staging of the replay, stay (a manifest written before manifests named their
-    files leaves all of them to the garbage collection). ``keep`` names the jobs being
-    committed now, whose directories the garbage collection must not touch.
+    partitions are truncated back to where the commit started. Then the manifest is removed,
+    with a batch job's whole directory; of a stream's, which every micro-batch reuses, only
+    the files the manifest names, so that a restarted query's staging of the replay stays (a
+    stream manifest written before manifests named their files leaves them all to the garbage
+    collection). ``keep`` names the jobs being committed now, whose directories stay.
     """
     base = os.path.join(root, STAGING_DIR)
     undone = []
@@ -116,6 +116,10 @@ def recover(store, root: str, keep: Iterable = ()) -> list:
             except FileNotFoundError:
                 pass
         os.unlink(path)
+        if location is None and job not in keep:
+            # A batch job's directory is its own (a fresh id), and Spark never retries a failed
+            # commit in it: what a discarded attempt staged there goes too.
+            shutil.rmtree(os.path.join(base, job), ignore_errors=True)
         for j in {job, *(j for j, _ in manifest.get("files", ()))}:
             try:
                 os.rmdir(os.path.join(base, j))
@@ -134,7 +138,8 @@ def settle(store) -> list:
 
 def _collect_garbage(base: str, keep: Iterable) -> None:
     """Remove abort markers and manifest-less staging nobody touched for STALE_SECONDS (left
-    by killed drivers: never appended, safe to drop)."""
+    by killed drivers: never appended, safe to drop). Best effort: what cannot be removed
+    (another user's files, say) stays, and the open or commit goes on."""
     now = time.time()
     for name in os.listdir(base):
         path = os.path.join(base, name)
@@ -144,13 +149,15 @@ def _collect_garbage(base: str, keep: Iterable) -> None:
             paths = [path] + ([os.path.join(path, n) for n in os.listdir(path)]
                               if os.path.isdir(path) else [])
             newest = max(os.stat(p).st_mtime for p in paths)
+            if now - newest > STALE_SECONDS:
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
         except FileNotFoundError:
             continue
-        if now - newest > STALE_SECONDS:
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.unlink(path)
+        except OSError as e:
+            log.warning("cannot remove stale staging %s: %s", path, e)
 
 
 def discard_job(root: str, job: str, aborted: bool = False) -> None:

@@ -268,15 +268,22 @@ class BatchRouter:
     @staticmethod
     def _encode_columns(values, keys, rows, now: int, info: TopicInfo,
                         topic: str) -> memoryview:
-        enc = _core.encode_columns(values, keys, now, records_per_batch=RECORDS_PER_BATCH,
-                                   max_batch_bytes=info.max_batch_bytes, compression=info.codec,
-                                   compression_level=info.level, order=rows)
-        sizes = enc.batches["size"]
-        if len(sizes) and int(sizes.max()) > info.max_message_bytes:
-            raise RecordTooLargeError(
-                f"a record for topic {topic!r} encodes to a {int(sizes.max())}-byte batch, over "
-                f"its max.message.bytes={info.max_message_bytes}")
-        return enc.data
+        limit = info.max_batch_bytes
+        while True:
+            enc = _core.encode_columns(values, keys, now, records_per_batch=RECORDS_PER_BATCH,
+                                       max_batch_bytes=limit, compression=info.codec,
+                                       compression_level=info.level, order=rows)
+            sizes = enc.batches["size"]
+            if not len(sizes) or int(sizes.max()) <= info.max_message_bytes:
+                return enc.data
+            worst = int(np.argmax(sizes))
+            if int(enc.batches["records_count"][worst]) == 1:
+                raise RecordTooLargeError(
+                    f"a record for topic {topic!r} encodes to a {int(sizes[worst])}-byte batch, "
+                    f"over its max.message.bytes={info.max_message_bytes}")
+            # Batches are planned by their records' uncompressed size, and a codec can make
+            # incompressible bytes a little larger: plan smaller batches and encode again.
+            limit //= 2
 
     @staticmethod
     def _encode_with_headers(values_arr, keys_arr, headers_arr, now: int,
@@ -299,13 +306,20 @@ class BatchRouter:
                                        + HEADER_OVERHEAD_MAX for k, v in hs[i] or ())
             if i == len(vals) or (i > start and (acc + extra > limit
                                                  or i - start >= RECORDS_PER_BATCH)):
-                out.append(_core.encode_batch(vals[start:i], ks[start:i], hs[start:i], now,
-                                              compression=info.codec,
-                                              compression_level=info.level))
-                if len(out[-1]) > info.max_message_bytes:
-                    raise RecordTooLargeError(
-                        f"a record with headers encodes to a {len(out[-1])}-byte batch, over "
-                        f"the topic's max.message.bytes={info.max_message_bytes}")
+                pending = [(start, i)]
+                while pending:  # a compressed batch over the limit is split in two (see above)
+                    a, b = pending.pop()
+                    batch = _core.encode_batch(vals[a:b], ks[a:b], hs[a:b], now,
+                                               compression=info.codec,
+                                               compression_level=info.level)
+                    if len(batch) <= info.max_message_bytes:
+                        out.append(batch)
+                    elif b - a > 1:
+                        pending += [((a + b) // 2, b), (a, (a + b) // 2)]
+                    else:
+                        raise RecordTooLargeError(
+                            f"a record with headers encodes to a {len(batch)}-byte batch, over "
+                            f"the topic's max.message.bytes={info.max_message_bytes}")
                 start, acc = i, 0
             if i < len(vals):
                 acc += extra

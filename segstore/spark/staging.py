@@ -39,7 +39,7 @@ from typing import Iterable, Optional
 from pyspark.sql.datasource import WriterCommitMessage
 
 from .. import _core
-from ..checkpoint import write_atomic
+from ..checkpoint import fsync_dir, write_atomic
 from ..errors import CorruptRecordError, SegstoreError
 from ..records import TopicPartition
 from ..commit_ledger import CommitLedger
@@ -412,6 +412,9 @@ def publish(store, root: str, job: str, messages: list, *,
         os.unlink(os.path.join(jdir, MANIFEST))
         raise
     os.unlink(os.path.join(jdir, MANIFEST))
+    # For a batch job the manifest's removal is the commit point: a manifest that came back
+    # after a power loss would roll a committed job back.
+    fsync_dir(jdir)
     for j in jobs:
         discard_job(root, j)
     return done

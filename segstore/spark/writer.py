@@ -11,7 +11,9 @@ lock, ``abort`` deletes them.
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
+from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
@@ -29,6 +31,7 @@ if STREAM_ARROW_WRITER:  # pyspark 4.1+: micro-batches arrive as Arrow; 4.0 hand
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
 
 _HEADERS_TYPE = "array<struct<key:string,value:binary>>"
+log = logging.getLogger("segstore.spark")
 
 
 def check_input_schema(schema, opts: WriteOptions) -> InputLayout:
@@ -124,6 +127,20 @@ def write_task(opts: WriteOptions, layout: InputLayout, job: str, batches,
     return StagedCommitMessage(job=job, task=tag, files=files)
 
 
+@contextmanager
+def _published():
+    """Once ``publish`` returned, the write is committed and durable: an error closing the
+    store afterwards (a producer snapshot's fsync, say) must not make Spark abort it and a
+    rerun of the job append it twice. It is logged instead."""
+    done: list = []
+    try:
+        yield done
+    except Exception as e:  # noqa: BLE001 - re-raised unless the commit had completed
+        if not done:
+            raise
+        log.warning("the write was committed, but closing the store afterwards failed: %s", e)
+
+
 class SegstoreWriter(DataSourceArrowWriter):
     """Batch writer: every task stages, the driver publishes all or nothing."""
 
@@ -148,9 +165,11 @@ class SegstoreWriter(DataSourceArrowWriter):
         if not any(m is not None and m.files for m in messages):
             discard_job(self.opts.path, self.job)
             return
-        with stores.writable(self.opts.path, self.opts.lock_timeout_ms,
-                             "committing a Spark write") as store:
-            publish(store, self.opts.path, self.job, messages)
+        with _published() as done:
+            with stores.writable(self.opts.path, self.opts.lock_timeout_ms,
+                                 "committing a Spark write") as store:
+                publish(store, self.opts.path, self.job, messages)
+                done.append(True)
 
     def abort(self, messages) -> None:
         """A task failed: delete everything the job staged; no partition changes."""
@@ -170,9 +189,12 @@ class _StreamCommit:
             discard_job(self.opts.path, self.job)
             return
         ledger = CommitLedger(self.opts.path, self.opts.checkpoint_location)
-        with stores.writable(self.opts.path, self.opts.lock_timeout_ms,
-                             f"committing micro-batch {batchId}") as store:
-            publish(store, self.opts.path, self.job, messages, ledger=ledger, batch_id=batchId)
+        with _published() as done:
+            with stores.writable(self.opts.path, self.opts.lock_timeout_ms,
+                                 f"committing micro-batch {batchId}") as store:
+                publish(store, self.opts.path, self.job, messages, ledger=ledger,
+                        batch_id=batchId)
+                done.append(True)
 
     def abort(self, messages, batchId: int) -> None:
         """Drop what micro-batch ``batchId`` staged."""

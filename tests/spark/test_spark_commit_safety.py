@@ -285,3 +285,127 @@ def test_a_dead_commit_into_a_topic_deleted_since_is_dropped(root, monkeypatch):
     with segstore.open(root) as store:
         assert [store.partition(t, 0).log_end_offset for t in ("t", "c")] == [0, 0]
     assert not os.path.exists(staging.job_dir(root, "gone"))
+
+
+# -- compressed batches, damaged ledgers, cleanup, the commit point ----------------------------
+
+@pytest.mark.parametrize("with_headers", [False, True])
+def test_incompressible_records_in_a_compressed_topic_stay_under_max_message_bytes(with_headers):
+    """Batches are planned by uncompressed size; gzip makes random bytes a little larger, so a
+    batch of two records that each fit came out over the limit and failed the task."""
+    from segstore.compression import codec_id
+
+    limit = 1 << 20
+    info = TopicInfo(partitions=1, max_batch_bytes=limit, max_message_bytes=limit,
+                     codec=codec_id("gzip"))
+    values = [os.urandom(limit // 2 - 200) for _ in range(2)]
+    columns, layout = [pa.array(values, pa.binary())], InputLayout(value="value")
+    if with_headers:
+        columns.append(pa.array([[{"key": "h", "value": b"v"}]] * 2, pa.list_(
+            pa.struct([("key", pa.string()), ("value", pa.binary())]))))
+        layout = InputLayout(value="value", headers="headers")
+    batch = pa.RecordBatch.from_arrays(columns, names=["value", "headers"][:len(columns)])
+    [(_, _, data, _)] = list(BatchRouter(layout, "t", lambda t: info).route(batch))
+    scan = _core.scan_batches(data, raise_on_corrupt=True)
+    assert int(scan.batches["size"].max()) <= limit
+    assert [r.value for r in _core.decode_records(data)] == values
+
+
+def test_a_damaged_ledger_is_a_typed_error_naming_it(root, monkeypatch):
+    loc = "/checkpoints/damaged"
+    monkeypatch.setattr(staging, "_record_in_ledger", lambda *a: None)
+    die_after_publishing(root, "stream-d", [stage(root, "stream-d", "t", 0, [b"a"])],
+                         monkeypatch, ledger=CommitLedger(root, loc), batch_id=3)
+    monkeypatch.undo()
+    ledger = CommitLedger(root, loc)
+    os.makedirs(os.path.dirname(ledger.path), exist_ok=True)
+    with open(ledger.path, "w") as f:
+        f.write("{not json")
+    from segstore.errors import CorruptMetadataError
+    with pytest.raises(CorruptMetadataError, match="unreadable commit ledger .*damaged"):
+        segstore.open(root)
+    assert end_offsets(root, "t")[0] == 1  # nothing was guessed
+
+
+def test_a_dead_batch_jobs_whole_directory_goes(root, monkeypatch):
+    """A batch job's directory is its own: what a discarded attempt staged there, which no
+    commit message names, goes with the dead commit."""
+    die_after_publishing(root, "dead-batch", [stage(root, "dead-batch", "t", 0, [b"a"])],
+                         monkeypatch)
+    discarded = stage(root, "dead-batch", "t", 1, [b"lost attempt"])  # left by the dead commit
+    assert discarded.files[0].name in os.listdir(staging.job_dir(root, "dead-batch"))
+    with segstore.open(root):
+        pass
+    assert not os.path.exists(staging.job_dir(root, "dead-batch"))
+
+
+def test_stale_staging_that_cannot_be_removed_does_not_fail_the_open(root, monkeypatch):
+    from segstore import staged_commit
+
+    stage(root, "old", "t", 0, [b"x"])
+    staging.discard_job(root, "old", aborted=True)
+    old = os.path.getmtime(staging.job_dir(root, "old") + staging.ABORTED) - 2 * 86400
+    os.utime(staging.job_dir(root, "old") + staging.ABORTED, (old, old))
+
+    real_unlink = os.unlink
+
+    def refuse(path, *a, **k):
+        if str(path).endswith(staging.ABORTED):
+            raise PermissionError(errno.EPERM, "not yours", path)
+        return real_unlink(path, *a, **k)
+
+    monkeypatch.setattr(staged_commit.os, "unlink", refuse)  # (os itself: one module)
+    with segstore.open(root) as store:  # the marker stays, the open goes on
+        assert store.partition("t", 0).log_end_offset == 0
+    monkeypatch.undo()
+    assert os.path.exists(staging.job_dir(root, "old") + staging.ABORTED)
+
+
+def test_the_manifests_removal_is_synced_before_the_commit_returns(root, monkeypatch):
+    """Removing a batch job's manifest is its commit point: a manifest back after a power
+    loss would roll the committed job back at the next open."""
+    events = []
+    real_unlink, real_fsync_dir = os.unlink, staging.fsync_dir
+    jdir = staging.job_dir(root, "j")
+
+    def unlink(path, *a, **k):
+        events.append(("unlink", os.path.basename(path)))
+        return real_unlink(path, *a, **k)
+
+    def fsync_dir(path):
+        events.append(("fsync", path))
+        return real_fsync_dir(path)
+
+    msg = stage(root, "j", "t", 0, [b"a"])
+    monkeypatch.setattr(staging.os, "unlink", unlink)
+    monkeypatch.setattr(staging, "fsync_dir", fsync_dir)
+    with segstore.open(root) as store:
+        staging.publish(store, root, "j", [msg])
+    assert events.index(("fsync", jdir)) == events.index(("unlink", staging.MANIFEST)) + 1
+
+
+def test_a_close_error_after_a_complete_commit_does_not_fail_the_commit(root, monkeypatch):
+    """Spark would abort a commit that raised, and a rerun of the job append it twice."""
+    from segstore.spark.options import WriteOptions
+    from segstore.spark.writer import SegstoreWriter
+    from segstore.store import LogStore
+
+    opts = WriteOptions.parse({"path": root, "topic": "t"}, streaming=False)
+    writer = SegstoreWriter(opts, InputLayout(value="value"))
+    msg = stage(root, writer.job, "t", 0, [b"a", b"b"])
+    real_close = LogStore.close
+
+    def close_then_fail(self):
+        real_close(self)
+        if not self.readonly:
+            raise KafkaStorageError(errno.EIO, "EIO writing a producer snapshot (injected)")
+
+    monkeypatch.setattr(LogStore, "close", close_then_fail)
+    writer.commit([msg])
+    monkeypatch.undo()
+    assert end_offsets(root, "t") == {0: 2, 1: 0}
+    failing = stage(root, writer.job + "x", "t", 0, [b"c"])
+    monkeypatch.setattr(staging, "_publish_files", lambda lg, files: 1 / 0)
+    writer.job += "x"
+    with pytest.raises(ZeroDivisionError):  # a commit that did not complete still raises
+        writer.commit([failing])
