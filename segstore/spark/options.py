@@ -417,7 +417,7 @@ def _per_partition(name: str, text: str) -> dict:
 def _starting(opts: dict, streaming: bool) -> OffsetSpec:
     # Kafka's precedence: startingTimestamp, then startingOffsetsByTimestamp, then startingOffsets.
     if "startingTimestamp" in opts:
-        ts = _int("startingTimestamp", opts["startingTimestamp"])
+        ts = _int("startingTimestamp", _java_trim(opts["startingTimestamp"]))  # Spark: .trim.toLong
         if ts < 0:
             raise InvalidOptionError(f"option 'startingTimestamp' must be >= 0, got {ts}")
         return OffsetSpec("timestamp", "startingTimestamp", timestamp=ts)
@@ -444,7 +444,7 @@ def _starting(opts: dict, streaming: bool) -> OffsetSpec:
 
 def _ending(opts: dict) -> OffsetSpec:
     if "endingTimestamp" in opts:
-        ts = _int("endingTimestamp", opts["endingTimestamp"])
+        ts = _int("endingTimestamp", _java_trim(opts["endingTimestamp"]))  # Spark: .trim.toLong
         if ts < 0:
             raise InvalidOptionError(f"option 'endingTimestamp' must be >= 0, got {ts}")
         return OffsetSpec("timestamp", "endingTimestamp", timestamp=ts)

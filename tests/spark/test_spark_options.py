@@ -122,8 +122,8 @@ def test_paths_as_spark_sets_them():
     ("minPartitions", "2147483648"), ("minPartitions", "+"), ("minPartitions", ""),
     ("minPartitions", "\u0663"), ("minPartitions", "4.0"),
     ("maxRecordsPerPartition", "9223372036854775808"), ("maxRecordsPerPartition", "1e3"),
-    ("startingTimestamp", "1_700_000_000_000"), ("startingTimestamp", " 5"),
-    ("endingTimestamp", "5\n"),
+    ("startingTimestamp", "1_700_000_000_000"), ("startingTimestamp", "5 0"),
+    ("endingTimestamp", "5_0"),
 ])
 def test_numbers_are_parsed_as_java_parses_them(option, value):
     # The message names the option and shows the value as given.
@@ -312,3 +312,10 @@ def test_prorate_splits_by_backlog_and_never_starves():
     assert end[b] == 100 + 1  # floor(20 * 10/101) = 1
     assert end[c] == 8  # a share below one rounds up: small partitions are not starved
     assert prorate(start, latest, 1000) == latest
+
+
+def test_global_timestamps_are_trimmed_first_as_spark_does():
+    # getKafkaOffsetRangeLimit reads them as params(key).trim.toLong.
+    opts = ReadOptions.parse({"path": "/s", "subscribe": "t", "startingTimestamp": " 5\n",
+                              "endingTimestamp": "\t7 "}, streaming=False)
+    assert (opts.starting.timestamp, opts.ending.timestamp) == (5, 7)
