@@ -40,9 +40,9 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from .. import _core
 from ..checkpoint import fsync_dir, write_atomic
+from ..commit_ledger import CommitLedger
 from ..errors import CorruptRecordError, SegstoreError
 from ..records import TopicPartition
-from ..commit_ledger import CommitLedger
 from ..staged_commit import (ABORTED, MANIFEST, STAGING_DIR, CommitRecoveryError,  # noqa: F401
                              discard_job, job_dir, recover,
                              roll_back as _roll_back)
