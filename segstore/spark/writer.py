@@ -18,11 +18,11 @@ from typing import Iterator, Optional
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 
+from ..commit_ledger import CommitLedger
 from ..store import open as open_store
 from . import stores
 from .encode import BatchRouter, InputLayout, TopicInfo, topic_info
 from .features import STREAM_ARROW_WRITER, to_arrow_schema
-from ..commit_ledger import CommitLedger
 from .options import InvalidOptionError, WriteOptions
 from .staging import Stager, StagedCommitMessage, discard_job, publish, task_tag
 from .worker_heap import freeze_once
