@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from ..errors import UnknownTopicOrPartitionError
+from ..errors import OffsetOutOfRangeError, SegmentChangedError, UnknownTopicOrPartitionError
 from ..records import TopicPartition
 from . import stores
 from .filters import Pruning, push
@@ -90,8 +90,22 @@ def read_range(path: str, topic: str, partition: int, start: int, end: int, *,
         pos, end = rng
         chunk = FIRST_CHUNK_RECORDS
         while pos < end:
-            cols = lg.read_columns(pos, end, max_records=chunk, include_headers=include_headers,
-                                   isolation_level=isolation_level)
+            try:
+                cols = lg.read_columns(pos, end, max_records=chunk,
+                                       include_headers=include_headers,
+                                       isolation_level=isolation_level)
+            except (OffsetOutOfRangeError, SegmentChangedError):
+                # Retention or DeleteRecords moved the log start past ``pos`` while this task
+                # read (its segment may be gone under the read): data loss, judged as at the
+                # start, from where the log is now.
+                rng = check_range(tp, pos, end, lg.log_start_offset, lg.log_end_offset,
+                                  fail_on_data_loss)
+                if rng is None:
+                    return
+                if rng == (pos, end):
+                    raise  # the log did not move: not data loss
+                pos, end = rng
+                continue
             if len(cols) > 1 and _too_big(cols):
                 chunk = max(1, len(cols) // 2)
                 continue

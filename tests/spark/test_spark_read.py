@@ -275,3 +275,33 @@ def test_a_timestamp_beyond_sparks_microseconds_is_an_error_not_a_wrapped_value(
     assert edge.column("timestamp").cast("int64").to_pylist() == [limit * 1000]
     with pytest.raises(InvalidRecordError, match=f"offset 1 of t-0 has timestamp {limit + 1}"):
         list(read_range(root, "t", 0, 0, 2, include_headers=False, fail_on_data_loss=True))
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [False, True])
+def test_retention_during_a_read_task_is_data_loss_not_a_crash(tmp_path, fail_on_data_loss):
+    """The log start moves past a task's position between two of its chunks (another process
+    deletes segments): the read goes on from the new start, or raises DataLossError, as the
+    same gap found before the read would."""
+    from segstore.spark.offsets import DataLossError
+    from segstore.spark.reader import read_range
+
+    root = str(tmp_path / "r")
+    with segstore.open(root) as store:
+        store.create_topic("r", 1, config={"segment.bytes": 20000, "file.delete.delay.ms": 0})
+        for i in range(0, 10000, 100):
+            store.partition("r", 0).append_batch([b"v%d" % j for j in range(i, i + 100)])
+    batches = read_range(root, "r", 0, 0, 10000, include_headers=False,
+                         fail_on_data_loss=fail_on_data_loss)
+    first = next(batches)
+    read = first.column("offset").to_pylist()
+    with segstore.open(root) as store:  # meanwhile, in another process
+        store.partition("r", 0).delete_records(6000)
+        store.enforce_retention()  # removes the segments wholly below 6000
+        start = store.partition("r", 0).segments[0].base_offset
+    assert read[-1] + 1 < start  # the task's next chunk starts below what remains
+    if fail_on_data_loss:
+        with pytest.raises(DataLossError, match=f"from offset {read[-1] + 1}"):
+            list(batches)
+        return
+    rest = [o for b in batches for o in b.column("offset").to_pylist()]
+    assert rest == list(range(rest[0], 10000)) and read[-1] + 1 < start <= rest[0] <= 6000
