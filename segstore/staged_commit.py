@@ -110,7 +110,8 @@ def recover(store, root: str, keep: Iterable = ()) -> list:
             rolled = roll_back(store, manifest)
             log.warning("rolled back the interrupted commit of job %s: %s", job, rolled)
             undone.extend(rolled)
-        for j, name in manifest.get("files", ()):
+        named = [(j, n) for j, n in manifest.get("files", ()) if _plain(j) and _plain(n)]
+        for j, name in named:
             try:
                 os.unlink(os.path.join(base, j, name))
             except FileNotFoundError:
@@ -120,13 +121,19 @@ def recover(store, root: str, keep: Iterable = ()) -> list:
             # A batch job's directory is its own (a fresh id), and Spark never retries a failed
             # commit in it: what a discarded attempt staged there goes too.
             shutil.rmtree(os.path.join(base, job), ignore_errors=True)
-        for j in {job, *(j for j, _ in manifest.get("files", ()))}:
+        for j in {job, *(j for j, _ in named)}:
             try:
                 os.rmdir(os.path.join(base, j))
             except OSError:
                 pass  # not empty: staged by a later attempt
     _collect_garbage(base, keep)
     return undone
+
+
+def _plain(name) -> bool:
+    # A manifest names files inside the staging directory: nothing it says may reach outside.
+    return (isinstance(name, str) and name not in ("", ".", "..")
+            and os.path.basename(name) == name and "\0" not in name)
 
 
 def settle(store) -> list:

@@ -409,3 +409,19 @@ def test_a_close_error_after_a_complete_commit_does_not_fail_the_commit(root, mo
     writer.job += "x"
     with pytest.raises(ZeroDivisionError):  # a commit that did not complete still raises
         writer.commit([failing])
+
+
+def test_a_manifest_cannot_make_recovery_delete_outside_the_staging(root, monkeypatch):
+    with segstore.open(root) as store:
+        store.partition("t", 1).append(b"keep me")
+        store.partition("t", 1).roll()
+        victim = os.path.relpath(store.partition("t", 1).segments[0].log_path, root)
+    die_after_publishing(root, "odd", [stage(root, "odd", "t", 0, [b"a"])], monkeypatch)
+    manifest = json.load(open(manifest_path(root, "odd"), encoding="utf-8"))
+    manifest["files"] += [["..", victim], ["../t-1", os.path.basename(victim)],
+                          ["odd", "../../" + victim]]
+    with open(manifest_path(root, "odd"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    with segstore.open(root) as store:
+        assert store.partition("t", 0).log_end_offset == 0
+    assert [v for p, _, v, _ in records(root, "t") if p == 1] == [b"keep me"]
