@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import time
-from typing import Iterable
 
 from .commit_ledger import CommitLedger
 from .errors import CorruptRecordError, SegstoreError, UnknownTopicOrPartitionError
@@ -76,17 +75,25 @@ def roll_back(store, manifest: dict) -> list:
     return undone
 
 
-def recover(store, root: str, keep: Iterable = ()) -> list:
+def _plain(name) -> bool:
+    # A manifest names files inside the staging directory: nothing it says may reach outside.
+    return (isinstance(name, str) and name not in ("", ".", "..")
+            and os.path.basename(name) == name and "\0" not in name)
+
+
+def settle(store) -> list:
     """Settle commits that a dead process left half done; returns what was rolled back.
 
-    ``store`` must be open writable (its lock held: no commit is running). A manifest whose
-    stream batch id the ledger holds finished (only its cleanup was lost); any other manifest's
-    partitions are truncated back to where the commit started. Then the manifest is removed,
+    Run by every writable open of ``store``, which holds the writer lock, so no commit is
+    running: every manifest belongs to a dead one. A manifest whose stream batch id the ledger
+    holds finished (only its cleanup was lost); any other manifest's partitions are truncated
+    back to where the commit started. Then the manifest is removed,
     with a batch job's whole directory; of a stream's, which every micro-batch reuses, only
     the files the manifest names, so that a restarted query's staging of the replay stays (a
     stream manifest written before manifests named their files leaves them all to the garbage
-    collection). ``keep`` names the jobs being committed now, whose directories stay.
+    collection).
     """
+    root = store.path
     base = os.path.join(root, STAGING_DIR)
     undone = []
     if not os.path.isdir(base):
@@ -117,7 +124,7 @@ def recover(store, root: str, keep: Iterable = ()) -> list:
             except FileNotFoundError:
                 pass
         os.unlink(path)
-        if location is None and job not in keep:
+        if location is None:
             # A batch job's directory is its own (a fresh id), and Spark never retries a failed
             # commit in it: what a discarded attempt staged there goes too.
             shutil.rmtree(os.path.join(base, job), ignore_errors=True)
@@ -126,31 +133,18 @@ def recover(store, root: str, keep: Iterable = ()) -> list:
                 os.rmdir(os.path.join(base, j))
             except OSError:
                 pass  # not empty: staged by a later attempt
-    _collect_garbage(base, keep)
+    _collect_garbage(base)
     return undone
 
 
-def _plain(name) -> bool:
-    # A manifest names files inside the staging directory: nothing it says may reach outside.
-    return (isinstance(name, str) and name not in ("", ".", "..")
-            and os.path.basename(name) == name and "\0" not in name)
-
-
-def settle(store) -> list:
-    """What a writable open of ``store`` runs: :func:`recover` when anything is staged."""
-    if not os.path.isdir(os.path.join(store.path, STAGING_DIR)):
-        return []
-    return recover(store, store.path)
-
-
-def _collect_garbage(base: str, keep: Iterable) -> None:
+def _collect_garbage(base: str) -> None:
     """Remove abort markers and manifest-less staging nobody touched for STALE_SECONDS (left
     by killed drivers: never appended, safe to drop). Best effort: what cannot be removed
-    (another user's files, say) stays, and the open or commit goes on."""
+    (another user's files, say) stays, and the open goes on."""
     now = time.time()
     for name in os.listdir(base):
         path = os.path.join(base, name)
-        if name in keep or os.path.exists(os.path.join(path, MANIFEST)):
+        if os.path.exists(os.path.join(path, MANIFEST)):
             continue
         try:
             paths = [path] + ([os.path.join(path, n) for n in os.listdir(path)]
@@ -172,7 +166,7 @@ def discard_job(root: str, job: str, aborted: bool = False) -> None:
 
     ``aborted`` (a failed batch job) first leaves ``<job>.aborted``, which tasks still running
     check before and after they create a file, so that none stages anything the listing below
-    misses; :func:`recover` removes old markers. (A task attempt that outlives its job's commit,
+    misses; :func:`settle` removes old markers. (A task attempt that outlives its job's commit,
     whose result Spark discards, leaves its files to the garbage collection.)
     """
     jdir = job_dir(root, job)

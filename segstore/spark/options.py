@@ -324,8 +324,11 @@ def _paths(value) -> list:
     return paths
 
 
+_JAVA_TRIMMED = "".join(map(chr, range(33)))  # what String.trim removes: every char <= U+0020
+
+
 def _java_trim(text: str) -> str:
-    return text.strip("".join(map(chr, range(33))))  # String.trim: every char <= U+0020
+    return text.strip(_JAVA_TRIMMED)
 
 
 def java_int(text, bits: int = 64) -> Optional[int]:

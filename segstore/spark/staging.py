@@ -4,7 +4,7 @@ Tasks write encoded v2 batches to ``<root>/.staging/<job>/`` (one file per task 
 partition), sync them, and report them (with each file's fingerprint) in a
 :class:`StagedCommitMessage`. The driver-side commit, holding the store's writer lock, then:
 
-1. finishes any commit a dead process left behind (the store's writable open already did, see
+1. (the store's writable open has already settled any commit a dead process left behind, see
    :mod:`segstore.staged_commit`);
 2. writes ``_manifest.json`` naming every partition's log end offset before the commit and
    every staged file;
@@ -44,8 +44,7 @@ from ..commit_ledger import CommitLedger
 from ..errors import CorruptRecordError, SegstoreError
 from ..records import TopicPartition
 from ..staged_commit import (ABORTED, MANIFEST, STAGING_DIR, CommitRecoveryError,  # noqa: F401
-                             discard_job, job_dir, recover,
-                             roll_back as _roll_back)
+                             discard_job, job_dir, roll_back as _roll_back)
 
 log = logging.getLogger("segstore.spark")
 
@@ -361,8 +360,7 @@ def publish(store, root: str, job: str, messages: list, *,
     """
     by_tp = _files_by_partition(messages)
     jobs = {job} | {j for files in by_tp.values() for j, _ in files}
-    recover(store, root, keep=jobs)
-    jdir = job_dir(root, job)
+    jdir = job_dir(root, job)  # dead commits: the writable open of ``store`` settled them
     if ledger is not None and ledger.is_committed(batch_id):
         log.info("micro-batch %s already committed to %s; skipping its replay", batch_id, root)
         for j in jobs:
@@ -401,13 +399,13 @@ def publish(store, root: str, job: str, messages: list, *,
             for tp, fut in futures.items():
                 done[tp] = fut.result()
         if ledger is not None:
-            _record_in_ledger(ledger, batch_id, sum(p["records"] for p in plan.values()))
-    except _LedgerMayHoldBatch as e:
-        # The ledger may already name this batch (its rename landed, a later step failed), so
-        # the records stay and so does the manifest: the next commit's recovery settles it by
-        # what the ledger durably holds, as after a crash at this point.
-        raise e.__cause__
+            ledger.record(batch_id, sum(p["records"] for p in plan.values()))
     except BaseException:
+        if ledger is not None and _may_hold(ledger, batch_id):
+            # The ledger's write failed after its rename landed (it did not name the batch
+            # before: see above), so the records stay and so does the manifest: the next
+            # writable open settles them by what the ledger durably holds, as after a crash.
+            raise
         _roll_back(store, manifest)
         os.unlink(os.path.join(jdir, MANIFEST))
         raise
@@ -420,21 +418,11 @@ def publish(store, root: str, job: str, messages: list, *,
     return done
 
 
-class _LedgerMayHoldBatch(Exception):
-    """Recording a batch in the ledger failed after its new state may have become visible."""
-
-
-def _record_in_ledger(ledger: CommitLedger, batch_id: int, records: int) -> None:
+def _may_hold(ledger: CommitLedger, batch_id: int) -> bool:
     try:
-        ledger.record(batch_id, records)
-    except BaseException as e:
-        try:
-            held = ledger.is_committed(batch_id)
-        except Exception:  # noqa: BLE001 - unreadable: it may hold the batch
-            held = True
-        if held:
-            raise _LedgerMayHoldBatch() from e
-        raise
+        return ledger.is_committed(batch_id)
+    except Exception:  # noqa: BLE001 - unreadable since the commit began: it may hold the batch
+        return True
 
 
 def task_tag() -> str:

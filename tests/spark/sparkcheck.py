@@ -76,3 +76,13 @@ def records(root: str, topic: str) -> list:
             for r in store.partition(topic, p).iter_records():
                 out.append((p, r.key, r.value, list(r.headers or [])))
     return out
+
+
+def stage(root, job, topic, partition, values, keys=None):
+    """Stage one file as a Spark write task would; its commit message."""
+    from segstore import _core
+    from segstore.spark import staging
+
+    stager = staging.Stager(root, job, staging.task_tag())
+    stager.add(topic, partition, _core.encode_batch(values, keys), len(values))
+    return staging.StagedCommitMessage(job=job, task=stager.task, files=stager.finish())

@@ -21,7 +21,7 @@ from segstore.commit_ledger import CommitLedger
 from segstore.errors import CorruptRecordError, KafkaStorageError, RecordTooLargeError
 from segstore.spark import staging
 from segstore.spark.encode import BatchRouter, InputLayout, TopicInfo
-from .sparkcheck import end_offsets, records
+from .sparkcheck import end_offsets, records, stage
 
 
 @pytest.fixture
@@ -31,13 +31,6 @@ def root(tmp_path):
         store.create_topic("t", 2)
         store.create_topic("c", 1, config={"cleanup.policy": "compact"})
     return path
-
-
-def stage(root, job, topic, partition, values, keys=None):
-    """Stage one file as a task would; its commit message."""
-    stager = staging.Stager(root, job, staging.task_tag())
-    stager.add(topic, partition, _core.encode_batch(values, keys), len(values))
-    return staging.StagedCommitMessage(job=job, task=stager.task, files=stager.finish())
 
 
 def manifest_path(root, job):
@@ -176,7 +169,7 @@ def test_a_dead_stream_commit_leaves_the_restarted_querys_staging_alone(root, mo
     loc = "/checkpoints/q"
     job = "stream-q"
     # It died before its ledger named the batch.
-    monkeypatch.setattr(staging, "_record_in_ledger", lambda *a: None)
+    monkeypatch.setattr(CommitLedger, "record", lambda *a: None)
     die_after_publishing(root, job, [stage(root, job, "t", 0, [b"r1", b"r2"])], monkeypatch,
                          ledger=CommitLedger(root, loc), batch_id=7)
     monkeypatch.undo()
@@ -313,7 +306,7 @@ def test_incompressible_records_in_a_compressed_topic_stay_under_max_message_byt
 
 def test_a_damaged_ledger_is_a_typed_error_naming_it(root, monkeypatch):
     loc = "/checkpoints/damaged"
-    monkeypatch.setattr(staging, "_record_in_ledger", lambda *a: None)
+    monkeypatch.setattr(CommitLedger, "record", lambda *a: None)
     die_after_publishing(root, "stream-d", [stage(root, "stream-d", "t", 0, [b"a"])],
                          monkeypatch, ledger=CommitLedger(root, loc), batch_id=3)
     monkeypatch.undo()

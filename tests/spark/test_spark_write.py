@@ -19,7 +19,7 @@ from segstore import _core, staged_commit
 from segstore.errors import CorruptRecordError
 from segstore.spark import staging
 from segstore.spark.encode import BatchRouter, InputLayout, TopicInfo
-from .sparkcheck import end_offsets, records
+from .sparkcheck import end_offsets, records, stage
 
 PARTS = 4
 
@@ -206,13 +206,6 @@ def publish_path(request, monkeypatch):
     if request.param == "adopt":
         monkeypatch.setattr(staging, "ADOPT_MIN_BYTES", 0)
     return request.param
-
-
-def stage(root, job, topic, partition, values):
-    """Stage one file as a task would; its commit message."""
-    stager = staging.Stager(root, job, staging.task_tag())
-    stager.add(topic, partition, _core.encode_batch(values), len(values))
-    return staging.StagedCommitMessage(job=job, task=stager.task, files=stager.finish())
 
 
 def test_publish_appends_staged_files_and_cleans_up(root, publish_path):
